@@ -1,0 +1,831 @@
+//! The replicated lock state machine (DESIGN §3.1): a pure, deterministic
+//! [`LockState::apply`] over plain data. No clocks, no randomness, no I/O:
+//! everything that varies between nodes (lease ids, wall time, policy limits)
+//! is chosen by the leader and carried inside the [`LogCommand`].
+//!
+//! Besides its [`Outcome`], each apply reports [`Event`]s (a lease started,
+//! was renewed, ended; a waiter left the queue) for the node's lease clock,
+//! parked calls and audit log, and records which keys it changed in
+//! [`Changes`] so the store can persist exactly those.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{FencingToken, Holder, LeaseId, RequestId, ResourceName};
+
+#[cfg(test)]
+mod model_tests;
+
+/// One entry of the replicated log: a command and the leader's wall-clock time
+/// when it proposed it. The time is used only for the audit trail and for dedup
+/// retention, never for lease safety.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogCommand {
+    /// Leader wall-clock time at proposal, milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// What to do.
+    pub cmd: Command,
+}
+
+impl fmt::Display for LogCommand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} @{}", self.cmd.name(), self.at_ms)
+    }
+}
+
+/// The commands of DESIGN §3.1.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Take the lock, or join its FIFO queue when `wait` is set.
+    Acquire {
+        /// The caller's id for this attempt (I7).
+        request_id: RequestId,
+        /// The lock.
+        resource: ResourceName,
+        /// Who asks, for humans.
+        holder: Holder,
+        /// Lease length.
+        ttl_ms: u64,
+        /// Queue when the lock is held instead of failing with LOCK_HELD.
+        wait: bool,
+        /// The lease id this request gets if granted, chosen by the leader.
+        lease_id: LeaseId,
+        /// The queue limit for this resource, from the leader's policy.
+        max_waiters: u32,
+    },
+    /// Extend the current lease.
+    Renew {
+        /// The lock.
+        resource: ResourceName,
+        /// The lease to extend.
+        lease_id: LeaseId,
+    },
+    /// Give up the current lease.
+    Release {
+        /// The lock.
+        resource: ResourceName,
+        /// The lease to end.
+        lease_id: LeaseId,
+    },
+    /// End a lease whose deadline passed on the leader. Ignored unless the
+    /// lease is current and has not been renewed since `basis_index`.
+    Expire {
+        /// The lock.
+        resource: ResourceName,
+        /// The lease to end.
+        lease_id: LeaseId,
+        /// The log index of the grant or renewal the leader's deadline counted from.
+        basis_index: u64,
+    },
+    /// Take a queued request out of the queue (wait timeout, disconnect).
+    CancelWait {
+        /// The lock.
+        resource: ResourceName,
+        /// The queued request.
+        request_id: RequestId,
+    },
+    /// Free the lock whoever holds it (operator action, audited).
+    ForceRelease {
+        /// The lock.
+        resource: ResourceName,
+    },
+    /// Forget dedup and ended-lease records proposed before `older_than_ms`.
+    PruneDedup {
+        /// Wall-clock cut-off, milliseconds since the Unix epoch.
+        older_than_ms: u64,
+    },
+}
+
+impl Command {
+    /// Short name for logs and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Acquire { .. } => "acquire",
+            Self::Renew { .. } => "renew",
+            Self::Release { .. } => "release",
+            Self::Expire { .. } => "expire",
+            Self::CancelWait { .. } => "cancel_wait",
+            Self::ForceRelease { .. } => "force_release",
+            Self::PruneDedup { .. } => "prune_dedup",
+        }
+    }
+
+    /// The resource the command is about, if any.
+    pub fn resource(&self) -> Option<&ResourceName> {
+        match self {
+            Self::Acquire { resource, .. }
+            | Self::Renew { resource, .. }
+            | Self::Release { resource, .. }
+            | Self::Expire { resource, .. }
+            | Self::CancelWait { resource, .. }
+            | Self::ForceRelease { resource } => Some(resource),
+            Self::PruneDedup { .. } => None,
+        }
+    }
+}
+
+/// A granted lease as returned to the caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// The lock.
+    pub resource: ResourceName,
+    /// The lease's id.
+    pub lease_id: LeaseId,
+    /// The fencing token: index of the entry that granted it.
+    pub token: FencingToken,
+    /// Lease length.
+    pub ttl_ms: u64,
+    /// Whether the grant came from the wait queue.
+    pub waited: bool,
+}
+
+/// Why a command changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Rejection {
+    /// The lock is held and the request did not ask to wait.
+    LockHeld {
+        /// The current holder's description.
+        holder: Holder,
+        /// The current holder's token.
+        token: FencingToken,
+    },
+    /// The wait queue is full.
+    TooManyWaiters {
+        /// The limit that was hit.
+        limit: u32,
+    },
+    /// The lease id is not the current holder and never ended by expiry.
+    NotHolder,
+    /// The lease expired or was force-released.
+    LeaseExpired,
+    /// The request id was first used for another resource.
+    RequestIdReused {
+        /// The resource it was first used for.
+        first_resource: ResourceName,
+    },
+    /// The request waited and its wait was cancelled before it was granted.
+    WaitCancelled,
+}
+
+/// What happened to a queued request when its wait was cancelled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CancelOutcome {
+    /// It was still queued and is now out of the queue.
+    Cancelled,
+    /// It had been promoted first: the caller holds the lock.
+    AlreadyGranted(Grant),
+    /// It is neither queued nor granted (unknown, or already cancelled).
+    NotWaiting,
+}
+
+/// The result of applying one log entry (the raft response type).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// The lock was granted (now, or earlier for a retried request id).
+    Granted(Grant),
+    /// The request is in the wait queue.
+    Queued {
+        /// The lease id it will get when promoted.
+        lease_id: LeaseId,
+        /// 1-based position in the queue.
+        position: u32,
+    },
+    /// Nothing changed, for this reason.
+    Rejected(Rejection),
+    /// The lease was extended.
+    Renewed {
+        /// The lease's token.
+        token: FencingToken,
+        /// Lease length.
+        ttl_ms: u64,
+    },
+    /// The lease no longer holds the lock.
+    Released {
+        /// Whether this command is the one that freed it.
+        was_holder: bool,
+    },
+    /// Result of an Expire command.
+    Expired {
+        /// Whether the lease was current (and not renewed since) and is now ended.
+        expired: bool,
+    },
+    /// Result of a CancelWait command.
+    WaitCancel(CancelOutcome),
+    /// Result of a ForceRelease command.
+    ForceReleased {
+        /// Token of the lease that was freed, if the lock was held.
+        released_token: Option<FencingToken>,
+    },
+    /// Result of a PruneDedup command.
+    Pruned {
+        /// Dedup records removed.
+        dedup: u64,
+        /// Ended-lease records removed.
+        ended: u64,
+    },
+    /// A blank or membership entry.
+    Noop,
+}
+
+/// How a lease ended, remembered (until pruned) to tell LEASE_EXPIRED from NOT_HOLDER.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EndReason {
+    /// Released by its holder.
+    Released,
+    /// Expired on the leader's clock.
+    Expired,
+    /// Freed by an operator.
+    ForceReleased,
+}
+
+impl EndReason {
+    /// Lowercase name for logs and the audit trail.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::Expired => "expired",
+            Self::ForceReleased => "force_released",
+        }
+    }
+}
+
+/// The current lease of a resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockRecord {
+    /// The lease's id.
+    pub lease_id: LeaseId,
+    /// Who holds it.
+    pub holder: Holder,
+    /// Its fencing token.
+    pub token: FencingToken,
+    /// Lease length.
+    pub ttl_ms: u64,
+    /// The request that created it.
+    pub request_id: RequestId,
+    /// Index of the grant or the latest renewal.
+    pub renewed_index: u64,
+    /// Leader wall time of the grant, for humans.
+    pub granted_at_ms: u64,
+}
+
+/// A queued acquire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiter {
+    /// The queued request.
+    pub request_id: RequestId,
+    /// Who waits.
+    pub holder: Holder,
+    /// Lease length once granted.
+    pub ttl_ms: u64,
+    /// Lease id once granted.
+    pub lease_id: LeaseId,
+}
+
+/// Lock and queue of one resource. Deleted when both are empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceState {
+    /// The current lease, if any.
+    pub lock: Option<LockRecord>,
+    /// FIFO of waiting requests.
+    pub waiters: VecDeque<Waiter>,
+}
+
+impl ResourceState {
+    fn is_idle(&self) -> bool {
+        self.lock.is_none() && self.waiters.is_empty()
+    }
+}
+
+/// What a request id led to, kept for retries (I7).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DedupOutcome {
+    /// Granted this lease and token.
+    Granted {
+        /// The lease.
+        lease_id: LeaseId,
+        /// Its token.
+        token: FencingToken,
+        /// Its ttl.
+        ttl_ms: u64,
+        /// Granted from the queue.
+        waited: bool,
+    },
+    /// Queued with this future lease id.
+    Queued {
+        /// The lease id it gets when promoted.
+        lease_id: LeaseId,
+    },
+    /// Refused because the lock was held.
+    LockHeld,
+    /// Refused because the queue was full.
+    TooManyWaiters {
+        /// The limit.
+        limit: u32,
+    },
+    /// Queued, then cancelled before promotion.
+    WaitCancelled,
+}
+
+/// A dedup record: the resource and outcome of a request id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DedupRecord {
+    /// The resource the request id was used for.
+    pub resource: ResourceName,
+    /// What it led to.
+    pub outcome: DedupOutcome,
+    /// Leader wall time when first seen.
+    pub at_ms: u64,
+}
+
+/// Remembers how a lease ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndedLease {
+    /// Its resource.
+    pub resource: ResourceName,
+    /// How it ended.
+    pub reason: EndReason,
+    /// Index of the entry that ended it.
+    pub index: u64,
+    /// Leader wall time of that entry.
+    pub at_ms: u64,
+}
+
+/// What an apply did, for the node's lease clock, parked calls and audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A lease started (immediate grant or promotion from the queue).
+    LeaseStarted {
+        /// The lock.
+        resource: ResourceName,
+        /// The lease.
+        lease_id: LeaseId,
+        /// Its token (= the index of the entry).
+        token: FencingToken,
+        /// Its ttl.
+        ttl_ms: u64,
+        /// The request that gets it.
+        request_id: RequestId,
+        /// Whether it came from the queue.
+        waited: bool,
+    },
+    /// A lease was renewed at `index`.
+    LeaseRenewed {
+        /// The lock.
+        resource: ResourceName,
+        /// The lease.
+        lease_id: LeaseId,
+        /// Its ttl.
+        ttl_ms: u64,
+        /// The index of the renewal.
+        index: u64,
+    },
+    /// A lease ended.
+    LeaseEnded {
+        /// The lock.
+        resource: ResourceName,
+        /// The lease.
+        lease_id: LeaseId,
+        /// Its token.
+        token: FencingToken,
+        /// How.
+        reason: EndReason,
+    },
+    /// A request joined a queue.
+    WaiterQueued {
+        /// The lock.
+        resource: ResourceName,
+        /// The request.
+        request_id: RequestId,
+    },
+    /// A queued request left the queue without being granted.
+    WaiterCancelled {
+        /// The lock.
+        resource: ResourceName,
+        /// The request.
+        request_id: RequestId,
+    },
+}
+
+/// Keys changed since the store last drained them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Changes {
+    /// Resources whose record changed (now present or deleted).
+    pub resources: BTreeSet<ResourceName>,
+    /// Dedup keys inserted or updated.
+    pub dedup_put: BTreeSet<RequestId>,
+    /// Dedup keys removed.
+    pub dedup_del: BTreeSet<RequestId>,
+    /// Ended-lease keys inserted.
+    pub ended_put: BTreeSet<LeaseId>,
+    /// Ended-lease keys removed.
+    pub ended_del: BTreeSet<LeaseId>,
+}
+
+impl Changes {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.resources.is_empty()
+            && self.dedup_put.is_empty()
+            && self.dedup_del.is_empty()
+            && self.ended_put.is_empty()
+            && self.ended_del.is_empty()
+    }
+}
+
+/// The result of [`LockState::apply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The response for the proposer.
+    pub outcome: Outcome,
+    /// What changed, in order.
+    pub events: Vec<Event>,
+}
+
+/// The whole replicated lock state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockState {
+    resources: BTreeMap<ResourceName, ResourceState>,
+    dedup: HashMap<RequestId, DedupRecord>,
+    ended: HashMap<LeaseId, EndedLease>,
+    /// Total queued requests over all resources.
+    waiter_count: u64,
+    /// Total held locks.
+    lock_count: u64,
+    #[serde(skip)]
+    changes: Changes,
+}
+
+impl LockState {
+    /// An empty state.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Rebuilds a state from its persisted parts.
+    pub fn from_parts(
+        resources: BTreeMap<ResourceName, ResourceState>,
+        dedup: HashMap<RequestId, DedupRecord>,
+        ended: HashMap<LeaseId, EndedLease>,
+    ) -> Self {
+        let lock_count = resources.values().filter(|r| r.lock.is_some()).count() as u64;
+        let waiter_count = resources.values().map(|r| r.waiters.len() as u64).sum();
+        Self { resources, dedup, ended, waiter_count, lock_count, changes: Changes::default() }
+    }
+
+    /// Lock and queue of one resource.
+    pub fn resource(&self, name: &ResourceName) -> Option<&ResourceState> {
+        self.resources.get(name)
+    }
+
+    /// All resources with a lock or waiters, in name order.
+    pub fn resources(&self) -> &BTreeMap<ResourceName, ResourceState> {
+        &self.resources
+    }
+
+    /// The dedup record of a request id.
+    pub fn dedup(&self, id: &RequestId) -> Option<&DedupRecord> {
+        self.dedup.get(id)
+    }
+
+    /// All dedup records.
+    pub fn dedup_records(&self) -> &HashMap<RequestId, DedupRecord> {
+        &self.dedup
+    }
+
+    /// How a lease ended, if remembered.
+    pub fn ended(&self, id: &LeaseId) -> Option<&EndedLease> {
+        self.ended.get(id)
+    }
+
+    /// All ended-lease records.
+    pub fn ended_records(&self) -> &HashMap<LeaseId, EndedLease> {
+        &self.ended
+    }
+
+    /// Number of held locks.
+    pub fn lock_count(&self) -> u64 {
+        self.lock_count
+    }
+
+    /// Number of queued requests.
+    pub fn waiter_count(&self) -> u64 {
+        self.waiter_count
+    }
+
+    /// Takes the keys changed since the last call.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Applies the entry at log `index`. Deterministic: the same state, index
+    /// and command always give the same result on every node.
+    pub fn apply(&mut self, index: u64, entry: &LogCommand) -> Applied {
+        let mut events = Vec::new();
+        let at_ms = entry.at_ms;
+        let outcome = match &entry.cmd {
+            Command::Acquire { request_id, resource, holder, ttl_ms, wait, lease_id, max_waiters } => self.acquire(
+                index,
+                at_ms,
+                request_id,
+                resource,
+                holder,
+                *ttl_ms,
+                *wait,
+                *lease_id,
+                *max_waiters,
+                &mut events,
+            ),
+            Command::Renew { resource, lease_id } => self.renew(index, resource, lease_id, &mut events),
+            Command::Release { resource, lease_id } => self.release(index, at_ms, resource, lease_id, &mut events),
+            Command::Expire { resource, lease_id, basis_index } => {
+                let current = self
+                    .current_lock(resource)
+                    .is_some_and(|l| l.lease_id == *lease_id && l.renewed_index == *basis_index);
+                if current {
+                    self.end_lease(index, at_ms, resource, EndReason::Expired, &mut events);
+                }
+                Outcome::Expired { expired: current }
+            }
+            Command::CancelWait { resource, request_id } => self.cancel_wait(resource, request_id, &mut events),
+            Command::ForceRelease { resource } => {
+                let token = self.current_lock(resource).map(|l| l.token);
+                if token.is_some() {
+                    self.end_lease(index, at_ms, resource, EndReason::ForceReleased, &mut events);
+                }
+                Outcome::ForceReleased { released_token: token }
+            }
+            Command::PruneDedup { older_than_ms } => self.prune(*older_than_ms),
+        };
+        Applied { outcome, events }
+    }
+
+    fn current_lock(&self, resource: &ResourceName) -> Option<&LockRecord> {
+        self.resources.get(resource).and_then(|r| r.lock.as_ref())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn acquire(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        request_id: &RequestId,
+        resource: &ResourceName,
+        holder: &Holder,
+        ttl_ms: u64,
+        wait: bool,
+        lease_id: LeaseId,
+        max_waiters: u32,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        if let Some(record) = self.dedup.get(request_id) {
+            return self.replay(request_id, record, resource);
+        }
+        let state = self.resources.entry(resource.clone()).or_default();
+        let (outcome, dedup) = match &state.lock {
+            None => {
+                state.lock = Some(LockRecord {
+                    lease_id,
+                    holder: holder.clone(),
+                    token: FencingToken(index),
+                    ttl_ms,
+                    request_id: request_id.clone(),
+                    renewed_index: index,
+                    granted_at_ms: at_ms,
+                });
+                self.lock_count += 1;
+                events.push(Event::LeaseStarted {
+                    resource: resource.clone(),
+                    lease_id,
+                    token: FencingToken(index),
+                    ttl_ms,
+                    request_id: request_id.clone(),
+                    waited: false,
+                });
+                let grant =
+                    Grant { resource: resource.clone(), lease_id, token: FencingToken(index), ttl_ms, waited: false };
+                (
+                    Outcome::Granted(grant),
+                    DedupOutcome::Granted { lease_id, token: FencingToken(index), ttl_ms, waited: false },
+                )
+            }
+            Some(lock) if !wait => (
+                Outcome::Rejected(Rejection::LockHeld { holder: lock.holder.clone(), token: lock.token }),
+                DedupOutcome::LockHeld,
+            ),
+            Some(_) if state.waiters.len() >= max_waiters as usize => (
+                Outcome::Rejected(Rejection::TooManyWaiters { limit: max_waiters }),
+                DedupOutcome::TooManyWaiters { limit: max_waiters },
+            ),
+            Some(_) => {
+                state.waiters.push_back(Waiter {
+                    request_id: request_id.clone(),
+                    holder: holder.clone(),
+                    ttl_ms,
+                    lease_id,
+                });
+                self.waiter_count += 1;
+                events.push(Event::WaiterQueued { resource: resource.clone(), request_id: request_id.clone() });
+                (Outcome::Queued { lease_id, position: state.waiters.len() as u32 }, DedupOutcome::Queued { lease_id })
+            }
+        };
+        // A refusal may have created an empty entry above; idle records are deleted.
+        if self.resources.get(resource).is_some_and(ResourceState::is_idle) {
+            self.resources.remove(resource);
+        } else {
+            self.changes.resources.insert(resource.clone());
+        }
+        self.dedup.insert(request_id.clone(), DedupRecord { resource: resource.clone(), outcome: dedup, at_ms });
+        self.changes.dedup_put.insert(request_id.clone());
+        outcome
+    }
+
+    /// The original outcome of a retried request id (I7).
+    fn replay(&self, request_id: &RequestId, record: &DedupRecord, resource: &ResourceName) -> Outcome {
+        if &record.resource != resource {
+            return Outcome::Rejected(Rejection::RequestIdReused { first_resource: record.resource.clone() });
+        }
+        match &record.outcome {
+            DedupOutcome::Granted { lease_id, token, ttl_ms, waited } => Outcome::Granted(Grant {
+                resource: resource.clone(),
+                lease_id: *lease_id,
+                token: *token,
+                ttl_ms: *ttl_ms,
+                waited: *waited,
+            }),
+            DedupOutcome::Queued { lease_id } => {
+                let position = self
+                    .resources
+                    .get(resource)
+                    .and_then(|r| r.waiters.iter().position(|w| &w.request_id == request_id))
+                    .map_or(0, |p| p as u32 + 1);
+                Outcome::Queued { lease_id: *lease_id, position }
+            }
+            DedupOutcome::LockHeld => {
+                let (holder, token) = self
+                    .current_lock(resource)
+                    .map(|l| (l.holder.clone(), l.token))
+                    .unwrap_or((Holder::default(), FencingToken(0)));
+                Outcome::Rejected(Rejection::LockHeld { holder, token })
+            }
+            DedupOutcome::TooManyWaiters { limit } => Outcome::Rejected(Rejection::TooManyWaiters { limit: *limit }),
+            DedupOutcome::WaitCancelled => Outcome::Rejected(Rejection::WaitCancelled),
+        }
+    }
+
+    fn not_current(&self, resource: &ResourceName, lease_id: &LeaseId) -> Rejection {
+        match self.ended.get(lease_id) {
+            Some(e) if e.reason != EndReason::Released && &e.resource == resource => Rejection::LeaseExpired,
+            _ => Rejection::NotHolder,
+        }
+    }
+
+    fn renew(&mut self, index: u64, resource: &ResourceName, lease_id: &LeaseId, events: &mut Vec<Event>) -> Outcome {
+        let Some(lock) = self.resources.get_mut(resource).and_then(|r| r.lock.as_mut()) else {
+            return Outcome::Rejected(self.not_current(resource, lease_id));
+        };
+        if lock.lease_id != *lease_id {
+            return Outcome::Rejected(self.not_current(resource, lease_id));
+        }
+        lock.renewed_index = index;
+        let (token, ttl_ms) = (lock.token, lock.ttl_ms);
+        self.changes.resources.insert(resource.clone());
+        events.push(Event::LeaseRenewed { resource: resource.clone(), lease_id: *lease_id, ttl_ms, index });
+        Outcome::Renewed { token, ttl_ms }
+    }
+
+    fn release(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        resource: &ResourceName,
+        lease_id: &LeaseId,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        if self.current_lock(resource).is_some_and(|l| l.lease_id == *lease_id) {
+            self.end_lease(index, at_ms, resource, EndReason::Released, events);
+            return Outcome::Released { was_holder: true };
+        }
+        match self.ended.get(lease_id) {
+            // A retried release of a lease that was released: already done.
+            Some(e) if e.reason == EndReason::Released && &e.resource == resource => {
+                Outcome::Released { was_holder: false }
+            }
+            _ => Outcome::Rejected(self.not_current(resource, lease_id)),
+        }
+    }
+
+    /// Ends the current lease of `resource` and promotes the head waiter, whose
+    /// token is this entry's index.
+    fn end_lease(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        resource: &ResourceName,
+        reason: EndReason,
+        events: &mut Vec<Event>,
+    ) {
+        let Some(state) = self.resources.get_mut(resource) else { return };
+        let Some(old) = state.lock.take() else { return };
+        self.lock_count -= 1;
+        self.ended.insert(old.lease_id, EndedLease { resource: resource.clone(), reason, index, at_ms });
+        self.changes.ended_put.insert(old.lease_id);
+        self.changes.ended_del.remove(&old.lease_id);
+        events.push(Event::LeaseEnded { resource: resource.clone(), lease_id: old.lease_id, token: old.token, reason });
+        if let Some(next) = state.waiters.pop_front() {
+            self.waiter_count -= 1;
+            let token = FencingToken(index);
+            state.lock = Some(LockRecord {
+                lease_id: next.lease_id,
+                holder: next.holder,
+                token,
+                ttl_ms: next.ttl_ms,
+                request_id: next.request_id.clone(),
+                renewed_index: index,
+                granted_at_ms: at_ms,
+            });
+            self.lock_count += 1;
+            if let Some(rec) = self.dedup.get_mut(&next.request_id) {
+                rec.outcome =
+                    DedupOutcome::Granted { lease_id: next.lease_id, token, ttl_ms: next.ttl_ms, waited: true };
+                self.changes.dedup_put.insert(next.request_id.clone());
+            }
+            events.push(Event::LeaseStarted {
+                resource: resource.clone(),
+                lease_id: next.lease_id,
+                token,
+                ttl_ms: next.ttl_ms,
+                request_id: next.request_id,
+                waited: true,
+            });
+        }
+        if state.is_idle() {
+            self.resources.remove(resource);
+        }
+        self.changes.resources.insert(resource.clone());
+    }
+
+    fn cancel_wait(&mut self, resource: &ResourceName, request_id: &RequestId, events: &mut Vec<Event>) -> Outcome {
+        if let Some(state) = self.resources.get_mut(resource)
+            && let Some(pos) = state.waiters.iter().position(|w| &w.request_id == request_id)
+        {
+            state.waiters.remove(pos);
+            self.waiter_count -= 1;
+            if state.is_idle() {
+                self.resources.remove(resource);
+            }
+            self.changes.resources.insert(resource.clone());
+            if let Some(rec) = self.dedup.get_mut(request_id) {
+                rec.outcome = DedupOutcome::WaitCancelled;
+                self.changes.dedup_put.insert(request_id.clone());
+            }
+            events.push(Event::WaiterCancelled { resource: resource.clone(), request_id: request_id.clone() });
+            return Outcome::WaitCancel(CancelOutcome::Cancelled);
+        }
+        match self.dedup.get(request_id) {
+            Some(DedupRecord {
+                resource: r,
+                outcome: DedupOutcome::Granted { lease_id, token, ttl_ms, waited },
+                ..
+            }) if r == resource => Outcome::WaitCancel(CancelOutcome::AlreadyGranted(Grant {
+                resource: resource.clone(),
+                lease_id: *lease_id,
+                token: *token,
+                ttl_ms: *ttl_ms,
+                waited: *waited,
+            })),
+            _ => Outcome::WaitCancel(CancelOutcome::NotWaiting),
+        }
+    }
+
+    fn prune(&mut self, older_than_ms: u64) -> Outcome {
+        let mut dedup_removed = Vec::new();
+        self.dedup.retain(|id, rec| {
+            // A queued request keeps its record: its retry must find its slot.
+            let keep = rec.at_ms >= older_than_ms || matches!(rec.outcome, DedupOutcome::Queued { .. });
+            if !keep {
+                dedup_removed.push(id.clone());
+            }
+            keep
+        });
+        let mut ended_removed = Vec::new();
+        self.ended.retain(|id, rec| {
+            let keep = rec.at_ms >= older_than_ms;
+            if !keep {
+                ended_removed.push(*id);
+            }
+            keep
+        });
+        let out = Outcome::Pruned { dedup: dedup_removed.len() as u64, ended: ended_removed.len() as u64 };
+        for id in dedup_removed {
+            self.changes.dedup_put.remove(&id);
+            self.changes.dedup_del.insert(id);
+        }
+        for id in ended_removed {
+            self.changes.ended_put.remove(&id);
+            self.changes.ended_del.insert(id);
+        }
+        out
+    }
+}

@@ -1,0 +1,430 @@
+//! Property tests of [`LockState::apply`] against a small reference model
+//! (DESIGN §8): random command sequences over a few resources and request ids,
+//! with I1, I2, I4 and I7 checked after every step.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use proptest::prelude::*;
+
+use super::*;
+
+/// The reference model: the rules of DESIGN §3.1 written as plainly as possible.
+#[derive(Default, Clone)]
+struct Model {
+    holders: BTreeMap<String, (u128, u64, String, u64)>, // resource -> (lease, token, request id, renewed index)
+    queues: BTreeMap<String, Vec<(String, u128, u64)>>,  // resource -> [(request id, lease, ttl)]
+    dedup: HashMap<String, (String, DedupOutcome)>,      // request id -> (resource, outcome)
+    ended: HashMap<u128, (EndReason, String)>,
+}
+
+impl Model {
+    fn step(&mut self, index: u64, cmd: &Command) -> Outcome {
+        match cmd {
+            Command::Acquire { request_id, resource, ttl_ms, wait, lease_id, max_waiters, .. } => {
+                let (rid, res) = (request_id.as_str().to_string(), resource.as_str().to_string());
+                if let Some((first, out)) = self.dedup.get(&rid) {
+                    if *first != res {
+                        return Outcome::Rejected(Rejection::RequestIdReused {
+                            first_resource: ResourceName::new(first.clone()).unwrap(),
+                        });
+                    }
+                    return match out {
+                        DedupOutcome::Granted { lease_id, token, ttl_ms, waited } => Outcome::Granted(Grant {
+                            resource: resource.clone(),
+                            lease_id: *lease_id,
+                            token: *token,
+                            ttl_ms: *ttl_ms,
+                            waited: *waited,
+                        }),
+                        DedupOutcome::Queued { lease_id } => {
+                            let q = self.queues.get(&res).cloned().unwrap_or_default();
+                            let pos = q.iter().position(|(r, _, _)| *r == rid).map_or(0, |p| p as u32 + 1);
+                            Outcome::Queued { lease_id: *lease_id, position: pos }
+                        }
+                        DedupOutcome::LockHeld => Outcome::Rejected(Rejection::LockHeld {
+                            holder: Holder::default(),
+                            token: FencingToken(self.holders.get(&res).map_or(0, |h| h.1)),
+                        }),
+                        DedupOutcome::TooManyWaiters { limit } => {
+                            Outcome::Rejected(Rejection::TooManyWaiters { limit: *limit })
+                        }
+                        DedupOutcome::WaitCancelled => Outcome::Rejected(Rejection::WaitCancelled),
+                    };
+                }
+                let lease = lease_id.to_u128();
+                let (out, rec) = if !self.holders.contains_key(&res) {
+                    self.holders.insert(res.clone(), (lease, index, rid.clone(), index));
+                    (
+                        Outcome::Granted(Grant {
+                            resource: resource.clone(),
+                            lease_id: *lease_id,
+                            token: FencingToken(index),
+                            ttl_ms: *ttl_ms,
+                            waited: false,
+                        }),
+                        DedupOutcome::Granted {
+                            lease_id: *lease_id,
+                            token: FencingToken(index),
+                            ttl_ms: *ttl_ms,
+                            waited: false,
+                        },
+                    )
+                } else if !wait {
+                    (
+                        Outcome::Rejected(Rejection::LockHeld {
+                            holder: Holder::default(),
+                            token: FencingToken(self.holders[&res].1),
+                        }),
+                        DedupOutcome::LockHeld,
+                    )
+                } else {
+                    let q = self.queues.entry(res.clone()).or_default();
+                    if q.len() >= *max_waiters as usize {
+                        (
+                            Outcome::Rejected(Rejection::TooManyWaiters { limit: *max_waiters }),
+                            DedupOutcome::TooManyWaiters { limit: *max_waiters },
+                        )
+                    } else {
+                        q.push((rid.clone(), lease, *ttl_ms));
+                        (
+                            Outcome::Queued { lease_id: *lease_id, position: q.len() as u32 },
+                            DedupOutcome::Queued { lease_id: *lease_id },
+                        )
+                    }
+                };
+                self.dedup.insert(rid, (res, rec));
+                out
+            }
+            Command::Renew { resource, lease_id } => match self.holders.get_mut(resource.as_str()) {
+                Some(h) if h.0 == lease_id.to_u128() => {
+                    h.3 = index;
+                    Outcome::Renewed { token: FencingToken(h.1), ttl_ms: 5000 }
+                }
+                _ => Outcome::Rejected(self.why_not(resource, lease_id)),
+            },
+            Command::Release { resource, lease_id } => {
+                let res = resource.as_str();
+                if self.holders.get(res).is_some_and(|h| h.0 == lease_id.to_u128()) {
+                    self.end(index, res, EndReason::Released);
+                    Outcome::Released { was_holder: true }
+                } else if self.ended.get(&lease_id.to_u128()) == Some(&(EndReason::Released, res.to_string())) {
+                    Outcome::Released { was_holder: false }
+                } else {
+                    Outcome::Rejected(self.why_not(resource, lease_id))
+                }
+            }
+            Command::Expire { resource, lease_id, basis_index } => {
+                let res = resource.as_str();
+                let hit = self.holders.get(res).is_some_and(|h| h.0 == lease_id.to_u128() && h.3 == *basis_index);
+                if hit {
+                    self.end(index, res, EndReason::Expired);
+                }
+                Outcome::Expired { expired: hit }
+            }
+            Command::CancelWait { resource, request_id } => {
+                let (res, rid) = (resource.as_str(), request_id.as_str());
+                let q = self.queues.entry(res.to_string()).or_default();
+                if let Some(p) = q.iter().position(|(r, _, _)| r == rid) {
+                    q.remove(p);
+                    self.dedup.get_mut(rid).unwrap().1 = DedupOutcome::WaitCancelled;
+                    return Outcome::WaitCancel(CancelOutcome::Cancelled);
+                }
+                match self.dedup.get(rid) {
+                    Some((r, DedupOutcome::Granted { lease_id, token, ttl_ms, waited })) if r == res => {
+                        Outcome::WaitCancel(CancelOutcome::AlreadyGranted(Grant {
+                            resource: resource.clone(),
+                            lease_id: *lease_id,
+                            token: *token,
+                            ttl_ms: *ttl_ms,
+                            waited: *waited,
+                        }))
+                    }
+                    _ => Outcome::WaitCancel(CancelOutcome::NotWaiting),
+                }
+            }
+            Command::ForceRelease { resource } => {
+                let token = self.holders.get(resource.as_str()).map(|h| FencingToken(h.1));
+                if token.is_some() {
+                    self.end(index, resource.as_str(), EndReason::ForceReleased);
+                }
+                Outcome::ForceReleased { released_token: token }
+            }
+            Command::PruneDedup { .. } => unreachable!("not generated for the model"),
+        }
+    }
+
+    fn why_not(&self, resource: &ResourceName, lease: &LeaseId) -> Rejection {
+        match self.ended.get(&lease.to_u128()) {
+            Some((EndReason::Expired | EndReason::ForceReleased, r)) if r == resource.as_str() => {
+                Rejection::LeaseExpired
+            }
+            _ => Rejection::NotHolder,
+        }
+    }
+
+    fn end(&mut self, index: u64, res: &str, reason: EndReason) {
+        let (lease, ..) = self.holders.remove(res).unwrap();
+        self.ended.insert(lease, (reason, res.to_string()));
+        let q = self.queues.entry(res.to_string()).or_default();
+        if !q.is_empty() {
+            let (rid, lease, ttl) = q.remove(0);
+            self.holders.insert(res.to_string(), (lease, index, rid.clone(), index));
+            self.dedup.get_mut(&rid).unwrap().1 = DedupOutcome::Granted {
+                lease_id: LeaseId::from_u128(lease),
+                token: FencingToken(index),
+                ttl_ms: ttl,
+                waited: true,
+            };
+        }
+    }
+}
+
+/// A command template; lease ids and indexes are resolved against the state.
+#[derive(Debug, Clone)]
+enum Op {
+    Acquire { req: u8, res: u8, wait: bool },
+    Renew { res: u8, pick: u8 },
+    Release { res: u8, pick: u8 },
+    Expire { res: u8, pick: u8, stale_basis: bool },
+    Cancel { req: u8, res: u8 },
+    Force { res: u8 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..8, 0u8..3, any::<bool>()).prop_map(|(req, res, wait)| Op::Acquire { req, res, wait }),
+        2 => (0u8..3, any::<u8>()).prop_map(|(res, pick)| Op::Renew { res, pick }),
+        3 => (0u8..3, any::<u8>()).prop_map(|(res, pick)| Op::Release { res, pick }),
+        2 => (0u8..3, any::<u8>(), any::<bool>()).prop_map(|(res, pick, stale_basis)| Op::Expire { res, pick, stale_basis }),
+        1 => (0u8..8, 0u8..3).prop_map(|(req, res)| Op::Cancel { req, res }),
+        1 => (0u8..3).prop_map(|res| Op::Force { res }),
+    ]
+}
+
+fn res(i: u8) -> ResourceName {
+    ResourceName::new(format!("res/{i}")).unwrap()
+}
+
+fn req(i: u8) -> RequestId {
+    RequestId::new(format!("request-{i}")).unwrap()
+}
+
+/// Turns an op into a concrete command: `pick` chooses the current lease (so
+/// the command can succeed) or an old or never-issued one (so I4 is exercised).
+fn resolve(op: &Op, sm: &LockState, issued: &[LeaseId], index: u64) -> Command {
+    let lease = |res_i: u8, pick: u8| -> LeaseId {
+        let current = sm.resource(&res(res_i)).and_then(|r| r.lock.as_ref()).map(|l| l.lease_id);
+        match (pick % 4, current) {
+            (0 | 1, Some(l)) => l,
+            (2, _) if !issued.is_empty() => issued[pick as usize % issued.len()],
+            _ => LeaseId::from_u128(0xdead_0000 + u128::from(pick)),
+        }
+    };
+    match *op {
+        Op::Acquire { req: r, res: s, wait } => Command::Acquire {
+            request_id: req(r),
+            resource: res(s),
+            holder: Holder::new(format!("h{r}")).unwrap(),
+            ttl_ms: 5000,
+            wait,
+            // Lease ids derive from the index: unique, like the leader's CSPRNG draws.
+            lease_id: LeaseId::from_u128(u128::from(index) << 64 | 0xabc),
+            max_waiters: 3,
+        },
+        Op::Renew { res: s, pick } => Command::Renew { resource: res(s), lease_id: lease(s, pick) },
+        Op::Release { res: s, pick } => Command::Release { resource: res(s), lease_id: lease(s, pick) },
+        Op::Expire { res: s, pick, stale_basis } => {
+            let basis = sm.resource(&res(s)).and_then(|r| r.lock.as_ref()).map_or(0, |l| l.renewed_index);
+            Command::Expire {
+                resource: res(s),
+                lease_id: lease(s, pick),
+                basis_index: if stale_basis { basis.saturating_sub(1) } else { basis },
+            }
+        }
+        Op::Cancel { req: r, res: s } => Command::CancelWait { resource: res(s), request_id: req(r) },
+        Op::Force { res: s } => Command::ForceRelease { resource: res(s) },
+    }
+}
+
+/// LockHeld carries the holder's description, which the model does not track.
+fn normalise(o: Outcome) -> Outcome {
+    match o {
+        Outcome::Rejected(Rejection::LockHeld { token, .. }) => {
+            Outcome::Rejected(Rejection::LockHeld { holder: Holder::default(), token })
+        }
+        Outcome::Renewed { token, .. } => Outcome::Renewed { token, ttl_ms: 5000 },
+        o => o,
+    }
+}
+
+fn check_invariants(sm: &LockState, all_tokens: &mut Vec<u64>, events: &[Event], index: u64) {
+    // I1: at most one current lease per resource, and no request id both holds
+    // and waits, or waits twice anywhere (I7: no second waiter).
+    let mut seen_requests = HashSet::new();
+    let mut seen_leases = HashSet::new();
+    let mut locks = 0;
+    let mut waiters = 0;
+    for state in sm.resources().values() {
+        assert!(!state.is_idle(), "idle records are deleted");
+        if let Some(l) = &state.lock {
+            locks += 1;
+            assert!(seen_requests.insert(l.request_id.clone()), "request {} holds twice", l.request_id);
+            assert!(seen_leases.insert(l.lease_id), "lease {} current twice", l.lease_id);
+        } else {
+            assert!(state.waiters.is_empty(), "a free lock has waiters");
+        }
+        for w in &state.waiters {
+            waiters += 1;
+            assert!(seen_requests.insert(w.request_id.clone()), "request {} queued twice", w.request_id);
+        }
+    }
+    assert_eq!(sm.lock_count(), locks);
+    assert_eq!(sm.waiter_count(), waiters);
+    // I2: a grant's token is the index of the entry that granted it, greater than
+    // every token granted before.
+    for e in events {
+        if let Event::LeaseStarted { token, .. } = e {
+            assert_eq!(token.0, index);
+            assert!(all_tokens.iter().all(|t| *t < token.0), "token {token} not above all earlier tokens");
+            all_tokens.push(token.0);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn apply_matches_the_model_and_keeps_invariants(ops in proptest::collection::vec(op(), 1..120)) {
+        let mut sm = LockState::new();
+        let mut model = Model::default();
+        let mut issued: Vec<LeaseId> = Vec::new();
+        let mut tokens = Vec::new();
+        let mut first_outcome: HashMap<RequestId, Outcome> = HashMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            let index = i as u64 + 1;
+            let cmd = resolve(op, &sm, &issued, index);
+            let before = sm.clone();
+            let applied = sm.apply(index, &LogCommand { at_ms: 1_000 + index, cmd: cmd.clone() });
+            let expected = model.step(index, &cmd);
+            prop_assert_eq!(normalise(applied.outcome.clone()), normalise(expected), "step {} {:?}", index, cmd);
+            check_invariants(&sm, &mut tokens, &applied.events, index);
+            for e in &applied.events {
+                if let Event::LeaseStarted { lease_id, .. } = e {
+                    issued.push(*lease_id);
+                }
+            }
+            // I4: a renew or release with a lease id that is not current changes nothing.
+            if let Command::Renew { resource, lease_id } | Command::Release { resource, lease_id } = &cmd {
+                let current = before.resource(resource).and_then(|r| r.lock.as_ref()).map(|l| l.lease_id);
+                if current != Some(*lease_id) {
+                    prop_assert_eq!(before.resources(), sm.resources(), "a stale lease id changed the state");
+                }
+            }
+            // I7: a retried acquire returns the original grant or queue slot.
+            if let Command::Acquire { request_id, .. } = &cmd {
+                match (&applied.outcome, first_outcome.get(request_id)) {
+                    (Outcome::Granted(g), Some(Outcome::Granted(first))) => prop_assert_eq!(g, first),
+                    (Outcome::Queued { lease_id, .. }, Some(Outcome::Queued { lease_id: first, .. })) => {
+                        prop_assert_eq!(lease_id, first)
+                    }
+                    _ => {}
+                }
+                first_outcome.entry(request_id.clone()).or_insert(applied.outcome.clone());
+            }
+        }
+    }
+}
+
+#[test]
+fn release_promotes_exactly_one_waiter_with_the_release_index_as_token() {
+    let mut sm = LockState::new();
+    let acquire = |r: u8, wait: bool, idx: u64| LogCommand {
+        at_ms: 0,
+        cmd: Command::Acquire {
+            request_id: req(r),
+            resource: res(0),
+            holder: Holder::default(),
+            ttl_ms: 1000,
+            wait,
+            lease_id: LeaseId::from_u128(u128::from(idx)),
+            max_waiters: 10,
+        },
+    };
+    assert!(matches!(sm.apply(1, &acquire(1, false, 1)).outcome, Outcome::Granted(_)));
+    assert!(matches!(sm.apply(2, &acquire(2, true, 2)).outcome, Outcome::Queued { position: 1, .. }));
+    assert!(matches!(sm.apply(3, &acquire(3, true, 3)).outcome, Outcome::Queued { position: 2, .. }));
+    let rel = LogCommand { at_ms: 0, cmd: Command::Release { resource: res(0), lease_id: LeaseId::from_u128(1) } };
+    let applied = sm.apply(4, &rel);
+    assert_eq!(applied.outcome, Outcome::Released { was_holder: true });
+    let started: Vec<_> = applied.events.iter().filter(|e| matches!(e, Event::LeaseStarted { .. })).collect();
+    assert_eq!(started.len(), 1);
+    let lock = sm.resource(&res(0)).unwrap().lock.as_ref().unwrap();
+    assert_eq!((lock.lease_id, lock.token), (LeaseId::from_u128(2), FencingToken(4)));
+    // A retry of the promoted request returns the grant, not a second slot.
+    assert!(matches!(
+        sm.apply(5, &acquire(2, true, 99)).outcome,
+        Outcome::Granted(Grant { token: FencingToken(4), .. })
+    ));
+    assert_eq!(sm.waiter_count(), 1);
+}
+
+#[test]
+fn expire_with_a_stale_basis_changes_nothing() {
+    let mut sm = LockState::new();
+    let lease = LeaseId::from_u128(7);
+    sm.apply(
+        1,
+        &LogCommand {
+            at_ms: 0,
+            cmd: Command::Acquire {
+                request_id: req(1),
+                resource: res(0),
+                holder: Holder::default(),
+                ttl_ms: 1000,
+                wait: false,
+                lease_id: lease,
+                max_waiters: 1,
+            },
+        },
+    );
+    sm.apply(2, &LogCommand { at_ms: 0, cmd: Command::Renew { resource: res(0), lease_id: lease } });
+    // The leader decided to expire on the deadline of the grant (index 1), but a
+    // renewal (index 2) committed in between: the lease must survive (I6).
+    let out = sm
+        .apply(3, &LogCommand { at_ms: 0, cmd: Command::Expire { resource: res(0), lease_id: lease, basis_index: 1 } });
+    assert_eq!(out.outcome, Outcome::Expired { expired: false });
+    assert!(sm.resource(&res(0)).unwrap().lock.is_some());
+    let out = sm
+        .apply(4, &LogCommand { at_ms: 0, cmd: Command::Expire { resource: res(0), lease_id: lease, basis_index: 2 } });
+    assert_eq!(out.outcome, Outcome::Expired { expired: true });
+    let out = sm.apply(5, &LogCommand { at_ms: 0, cmd: Command::Renew { resource: res(0), lease_id: lease } });
+    assert_eq!(out.outcome, Outcome::Rejected(Rejection::LeaseExpired));
+    assert!(sm.resource(&res(0)).is_none(), "idle record deleted");
+}
+
+#[test]
+fn prune_forgets_old_records_but_keeps_queued_ones() {
+    let mut sm = LockState::new();
+    let acq = |r: u8, at_ms: u64, idx: u64| LogCommand {
+        at_ms,
+        cmd: Command::Acquire {
+            request_id: req(r),
+            resource: res(0),
+            holder: Holder::default(),
+            ttl_ms: 1000,
+            wait: true,
+            lease_id: LeaseId::from_u128(u128::from(idx)),
+            max_waiters: 5,
+        },
+    };
+    sm.apply(1, &acq(1, 100, 1));
+    sm.apply(2, &acq(2, 100, 2));
+    sm.take_changes();
+    let out = sm.apply(3, &LogCommand { at_ms: 500, cmd: Command::PruneDedup { older_than_ms: 200 } });
+    assert_eq!(out.outcome, Outcome::Pruned { dedup: 1, ended: 0 });
+    assert!(sm.dedup(&req(1)).is_none());
+    assert!(sm.dedup(&req(2)).is_some(), "the queued request keeps its record");
+    let changes = sm.take_changes();
+    assert!(changes.dedup_del.contains(&req(1)));
+}
