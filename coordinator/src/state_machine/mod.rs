@@ -399,6 +399,11 @@ pub enum Event {
         /// The request.
         request_id: RequestId,
     },
+    /// An acquire was answered from the dedup table (a retry, I7).
+    DedupHit {
+        /// The request.
+        request_id: RequestId,
+    },
     /// A queued request left the queue without being granted.
     WaiterCancelled {
         /// The lock.
@@ -580,6 +585,7 @@ impl LockState {
         events: &mut Vec<Event>,
     ) -> Outcome {
         if let Some(record) = self.dedup.get(request_id) {
+            events.push(Event::DedupHit { request_id: request_id.clone() });
             return self.replay(request_id, record, resource);
         }
         let state = self.resources.entry(resource.clone()).or_default();

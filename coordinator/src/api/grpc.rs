@@ -1,0 +1,194 @@
+//! The gRPC services: thin adapters from protobuf to [`LockService`].
+
+use std::sync::Arc;
+
+use fencer_proto::v1::admin_server::Admin;
+use fencer_proto::v1::lock_server::Lock;
+use fencer_proto::v1::{
+    AcquireRequest, AcquireResponse, AddLearnerRequest, ChangeMembershipRequest, ForceReleaseRequest,
+    ForceReleaseResponse, GetLockRequest, GetLockResponse, ListLocksRequest, ListLocksResponse, MembershipResponse,
+    NodeStatus, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, StatusRequest, StatusResponse,
+};
+use tonic::{Request, Response, Status};
+
+use super::errors::to_status;
+use crate::metrics::Metrics;
+use crate::service::{self, LockError, LockService, LockView, StatusView};
+
+/// `fencer.v1.Lock`.
+pub(crate) struct LockApi {
+    pub(crate) svc: LockService,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+/// Runs one operation, records its metrics, maps its error.
+pub(crate) async fn observed<T>(
+    metrics: &Metrics,
+    op: &'static str,
+    f: impl std::future::Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    let started = crate::clock::Clock.now();
+    let r = f.await;
+    let outcome = match &r {
+        Ok(_) => "ok",
+        Err(e) => e.metric_outcome(),
+    };
+    metrics.observe_request(op, outcome, started.elapsed());
+    r
+}
+
+pub(crate) fn view_to_proto(v: LockView) -> GetLockResponse {
+    GetLockResponse {
+        resource: v.resource.to_string(),
+        held: v.held,
+        holder: v.holder,
+        fencing_token: v.token.0,
+        waiters: v.waiters,
+        remaining_ttl_ms: v.remaining_ttl_ms,
+        ttl_ms: v.ttl_ms,
+    }
+}
+
+#[tonic::async_trait]
+impl Lock for LockApi {
+    async fn acquire(&self, request: Request<AcquireRequest>) -> Result<Response<AcquireResponse>, Status> {
+        let r = request.into_inner();
+        let req = service::AcquireRequest {
+            resource: r.resource,
+            request_id: r.request_id,
+            ttl_ms: r.ttl_ms,
+            wait_timeout_ms: r.wait_timeout_ms,
+            holder: r.holder,
+        };
+        let g = observed(&self.metrics, "acquire", self.svc.acquire(req)).await.map_err(|e| to_status(&e))?;
+        Ok(Response::new(AcquireResponse {
+            lease_id: g.grant.lease_id.to_string(),
+            fencing_token: g.grant.token.0,
+            ttl_ms: g.grant.ttl_ms,
+            expires_at_unix_ms: g.expires_at_unix_ms,
+            resource: g.grant.resource.to_string(),
+            waited: g.grant.waited,
+            request_id: g.request_id.to_string(),
+        }))
+    }
+
+    async fn renew(&self, request: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
+        let r = request.into_inner();
+        let ok = observed(&self.metrics, "renew", self.svc.renew(&r.resource, &r.lease_id))
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(RenewResponse {
+            ttl_ms: ok.ttl_ms,
+            expires_at_unix_ms: ok.expires_at_unix_ms,
+            fencing_token: ok.token.0,
+        }))
+    }
+
+    async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
+        let r = request.into_inner();
+        let ok = observed(&self.metrics, "release", self.svc.release(&r.resource, &r.lease_id))
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(ReleaseResponse { released: ok.released, was_holder: ok.was_holder }))
+    }
+
+    async fn get_lock(&self, request: Request<GetLockRequest>) -> Result<Response<GetLockResponse>, Status> {
+        let r = request.into_inner();
+        let v = observed(&self.metrics, "get", self.svc.get(&r.resource)).await.map_err(|e| to_status(&e))?;
+        Ok(Response::new(view_to_proto(v)))
+    }
+
+    async fn list_locks(&self, request: Request<ListLocksRequest>) -> Result<Response<ListLocksResponse>, Status> {
+        let r = request.into_inner();
+        let (views, next) = observed(&self.metrics, "list", self.svc.list(&r.prefix, r.page_size, &r.page_token))
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(ListLocksResponse {
+            locks: views.into_iter().map(view_to_proto).collect(),
+            next_page_token: next,
+        }))
+    }
+}
+
+/// `fencer.v1.Admin`.
+pub(crate) struct AdminApi {
+    pub(crate) svc: LockService,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) cluster_id: Arc<str>,
+}
+
+pub(crate) fn status_to_proto(s: StatusView) -> StatusResponse {
+    StatusResponse {
+        node_id: s.node_id,
+        cluster_id: s.cluster_id,
+        state: s.state.into(),
+        leader_id: s.leader_id.unwrap_or(0),
+        has_leader: s.leader_id.is_some(),
+        leader_addr: s.leader_addr.unwrap_or_default(),
+        term: s.term,
+        last_log_index: s.last_log_index,
+        commit_index: s.commit_index,
+        applied_index: s.applied_index,
+        members: s
+            .members
+            .into_iter()
+            .map(|m| NodeStatus {
+                id: m.id,
+                addr: m.addr,
+                role: m.role.into(),
+                matched_index: m.matched_index,
+                last_ack_ms: m.last_ack_ms,
+                health: m.health.into(),
+            })
+            .collect(),
+        locks_held: s.locks_held,
+        waiters: s.waiters,
+        version: s.version.into(),
+        snapshot_index: s.snapshot_index,
+        purged_index: s.purged_index,
+    }
+}
+
+impl AdminApi {
+    fn members(&self) -> Vec<NodeStatus> {
+        status_to_proto(self.svc.status(&self.cluster_id)).members
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminApi {
+    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        Ok(Response::new(status_to_proto(self.svc.status(&self.cluster_id))))
+    }
+
+    async fn force_release(
+        &self,
+        request: Request<ForceReleaseRequest>,
+    ) -> Result<Response<ForceReleaseResponse>, Status> {
+        let r = request.into_inner();
+        tracing::warn!(resource = %r.resource, caller = %r.caller, reason = %r.reason, "force-release requested");
+        let ok = observed(&self.metrics, "force_release", self.svc.force_release(&r.resource))
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(ForceReleaseResponse {
+            released: ok.released_token.is_some(),
+            released_token: ok.released_token.map_or(0, |t| t.0),
+            log_index: ok.log_index,
+        }))
+    }
+
+    async fn add_learner(&self, request: Request<AddLearnerRequest>) -> Result<Response<MembershipResponse>, Status> {
+        let r = request.into_inner();
+        let index = self.svc.add_learner(r.node_id, r.addr).await.map_err(|e| to_status(&e))?;
+        Ok(Response::new(MembershipResponse { log_index: index, members: self.members() }))
+    }
+
+    async fn change_membership(
+        &self,
+        request: Request<ChangeMembershipRequest>,
+    ) -> Result<Response<MembershipResponse>, Status> {
+        let r = request.into_inner();
+        let index = self.svc.change_membership(r.voters, r.retain).await.map_err(|e| to_status(&e))?;
+        Ok(Response::new(MembershipResponse { log_index: index, members: self.members() }))
+    }
+}

@@ -1,0 +1,11 @@
+//! The node's front ends on its one port: the gRPC services (`fencer.v1.Lock`,
+//! `fencer.v1.Admin`), JSON over HTTP for curl users, health and metrics.
+//! Errors become statuses in exactly one place, [`errors`].
+
+mod errors;
+mod grpc;
+mod http;
+
+pub use self::errors::{grpc_code, http_status, to_status};
+pub(crate) use self::grpc::{AdminApi, LockApi};
+pub(crate) use self::http::router;

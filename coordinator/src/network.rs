@@ -1,0 +1,336 @@
+//! The raft transport between coordinator nodes: openraft messages, encoded
+//! with postcard, carried by the `fencer.raft.v1.Raft` gRPC service on the
+//! node's one listening port.
+//!
+//! Every message carries the sender's cluster id; a node refuses messages
+//! from another cluster, so a node started with a foreign data dir cannot join
+//! or disturb the wrong cluster. A [`Faults`] hook lets the test harness drop,
+//! delay or cut messages without touching sockets.
+
+use std::io::Cursor;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencer_proto::raft::raft_client::RaftClient;
+use fencer_proto::raft::raft_server::Raft as RaftRpc;
+use fencer_proto::raft::{HelloRequest, HelloResponse, RaftPayload, SnapshotChunk};
+use futures::{Future, StreamExt};
+use openraft::BasicNode;
+use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::store::{StateMachineStore, decode, encode};
+use crate::types::{NodeId, TypeConfig};
+
+/// The raft handle type of a coordinator node.
+pub type RaftHandle = openraft::Raft<TypeConfig, StateMachineStore>;
+
+type Vote = <TypeConfig as openraft::RaftTypeConfig>::Vote;
+type Snapshot = openraft::alias::SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;
+type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+
+/// Snapshot chunk size on the wire.
+const SNAPSHOT_CHUNK: usize = 1 << 20;
+/// Largest raft message accepted (append batches, snapshot chunks).
+pub(crate) const MAX_RAFT_MESSAGE: usize = 64 << 20;
+
+/// What the fault hook decides for one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Deliver normally.
+    Pass,
+    /// Lose the message (the sender sees the peer as unreachable).
+    Drop,
+    /// Deliver after a delay.
+    Delay(Duration),
+}
+
+/// Fault injection for the raft transport (tests only in practice).
+pub trait Faults: Send + Sync + 'static {
+    /// Decides the fate of a request from `from` to `to` before it is sent.
+    fn request(&self, from: NodeId, to: NodeId) -> FaultAction;
+    /// Decides the fate of the reply to `from` after `to` processed the request.
+    fn reply(&self, from: NodeId, to: NodeId) -> FaultAction;
+}
+
+/// Builds one [`PeerClient`] per target node.
+#[derive(Clone)]
+pub struct NetworkFactory {
+    from: NodeId,
+    cluster_id: Arc<str>,
+    faults: Option<Arc<dyn Faults>>,
+    connect_timeout: Duration,
+}
+
+impl NetworkFactory {
+    /// A factory for node `from` of cluster `cluster_id`.
+    pub fn new(from: NodeId, cluster_id: Arc<str>, faults: Option<Arc<dyn Faults>>) -> Self {
+        Self { from, cluster_id, faults, connect_timeout: Duration::from_millis(500) }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        let channel = Endpoint::from_shared(format!("http://{}", node.addr))
+            .map(|e| e.connect_timeout(self.connect_timeout).tcp_nodelay(true).connect_lazy());
+        PeerClient {
+            from: self.from,
+            target,
+            cluster_id: self.cluster_id.clone(),
+            client: channel.ok().map(|c| {
+                RaftClient::new(c)
+                    .max_decoding_message_size(MAX_RAFT_MESSAGE)
+                    .max_encoding_message_size(MAX_RAFT_MESSAGE)
+            }),
+            addr: node.addr.clone(),
+            faults: self.faults.clone(),
+        }
+    }
+}
+
+/// The connection from this node to one peer.
+pub struct PeerClient {
+    from: NodeId,
+    target: NodeId,
+    cluster_id: Arc<str>,
+    client: Option<RaftClient<Channel>>,
+    addr: String,
+    faults: Option<Arc<dyn Faults>>,
+}
+
+fn unreachable(msg: impl ToString) -> RPCError<TypeConfig> {
+    RPCError::Unreachable(Unreachable::from_string(msg))
+}
+
+impl PeerClient {
+    async fn fault(&self, action: FaultAction, what: &str) -> Result<(), RPCError<TypeConfig>> {
+        match action {
+            FaultAction::Pass => Ok(()),
+            FaultAction::Drop => {
+                Err(unreachable(format!("{what} {}->{} dropped by fault injection", self.from, self.target)))
+            }
+            FaultAction::Delay(d) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
+        }
+    }
+
+    fn client(&self) -> Result<RaftClient<Channel>, RPCError<TypeConfig>> {
+        self.client.clone().ok_or_else(|| unreachable(format!("bad peer address {:?}", self.addr)))
+    }
+
+    fn payload<T: Serialize>(&self, value: &T) -> Result<RaftPayload, RPCError<TypeConfig>> {
+        let data = encode(value).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        Ok(RaftPayload { cluster_id: self.cluster_id.to_string(), from: self.from, data })
+    }
+
+    /// Sends one unary RPC with the faults applied and decodes the reply.
+    async fn call<Req, Resp, F, Fut>(
+        &self,
+        what: &str,
+        req: &Req,
+        ttl: Duration,
+        send: F,
+    ) -> Result<Resp, RPCError<TypeConfig>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        F: FnOnce(RaftClient<Channel>, Request<RaftPayload>) -> Fut,
+        Fut: Future<Output = Result<Response<RaftPayload>, Status>>,
+    {
+        if let Some(f) = &self.faults {
+            self.fault(f.request(self.from, self.target), what).await?;
+        }
+        let mut request = Request::new(self.payload(req)?);
+        request.set_timeout(ttl);
+        let reply = match tokio::time::timeout(ttl, send(self.client()?, request)).await {
+            Err(_) => return Err(unreachable(format!("{what} to node {} timed out after {ttl:?}", self.target))),
+            Ok(Err(status)) => return Err(status_error(what, self.target, status)),
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        if let Some(f) = &self.faults {
+            self.fault(f.reply(self.from, self.target), what).await?;
+        }
+        let result: Result<Resp, String> =
+            decode(&reply.data, what).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|remote| unreachable(format!("node {} refused {what}: {remote}", self.target)))
+    }
+}
+
+fn status_error(what: &str, target: NodeId, status: Status) -> RPCError<TypeConfig> {
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled | tonic::Code::Unknown => {
+            unreachable(format!("{what} to node {target}: {}", status.message()))
+        }
+        _ => RPCError::Network(NetworkError::from_string(format!("{what} to node {target}: {status}"))),
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = Cursor<Vec<u8>>;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call("append_entries", &rpc, option.hard_ttl(), |mut c, r| async move { c.append_entries(r).await }).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call("vote", &rpc, option.hard_ttl(), |mut c, r| async move { c.vote(r).await }).await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call("transfer_leader", &req, option.hard_ttl(), |mut c, r| async move { c.transfer_leader(r).await })
+            .await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let to_streaming = |e: RPCError<TypeConfig>| match e {
+            RPCError::Unreachable(u) => StreamingError::Unreachable(u),
+            RPCError::Timeout(t) => StreamingError::Timeout(t),
+            RPCError::Network(n) => StreamingError::Network(n),
+            RPCError::RemoteError(r) => StreamingError::Unreachable(Unreachable::from_string(r.to_string())),
+        };
+        if let Some(f) = &self.faults {
+            self.fault(f.request(self.from, self.target), "install_snapshot").await.map_err(to_streaming)?;
+        }
+        let header =
+            encode(&(vote, snapshot.meta.clone())).map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        let data = snapshot.snapshot.into_inner();
+        let (cluster_id, from) = (self.cluster_id.to_string(), self.from);
+        let mut chunks: Vec<SnapshotChunk> = data
+            .chunks(SNAPSHOT_CHUNK)
+            .map(|c| SnapshotChunk { cluster_id: cluster_id.clone(), from, header: Vec::new(), data: c.to_vec() })
+            .collect();
+        if chunks.is_empty() {
+            chunks.push(SnapshotChunk { cluster_id, from, header: Vec::new(), data: Vec::new() });
+        }
+        chunks[0].header = header;
+        let mut client = self.client().map_err(to_streaming)?;
+        let send = client.install_snapshot(futures::stream::iter(chunks));
+        let ttl = option.hard_ttl().max(Duration::from_secs(30));
+        let reply = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            r = tokio::time::timeout(ttl, send) => match r {
+                Err(_) => return Err(to_streaming(unreachable(format!("snapshot to node {} timed out", self.target)))),
+                Ok(Err(status)) => return Err(to_streaming(status_error("install_snapshot", self.target, status))),
+                Ok(Ok(r)) => r.into_inner(),
+            },
+        };
+        let result: Result<SnapshotResponse<TypeConfig>, String> =
+            decode(&reply.data, "snapshot reply").map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        result.map_err(|remote| to_streaming(unreachable(format!("node {} refused snapshot: {remote}", self.target))))
+    }
+}
+
+/// The server side of the raft transport.
+pub struct RaftService {
+    raft: RaftHandle,
+    node_id: NodeId,
+    cluster_id: Arc<str>,
+}
+
+impl RaftService {
+    /// Serves raft messages for `raft`, refusing other clusters' messages.
+    pub fn new(raft: RaftHandle, node_id: NodeId, cluster_id: Arc<str>) -> Self {
+        Self { raft, node_id, cluster_id }
+    }
+
+    fn check(&self, cluster_id: &str, from: NodeId) -> Result<(), Status> {
+        if cluster_id != &*self.cluster_id {
+            tracing::warn!(from, theirs = cluster_id, ours = %self.cluster_id, "refusing raft message from another cluster");
+            return Err(Status::failed_precondition(format!(
+                "node {} belongs to cluster {}, not {cluster_id}",
+                self.node_id, self.cluster_id
+            )));
+        }
+        Ok(())
+    }
+
+    fn reply<T: Serialize>(&self, result: Result<T, String>) -> Result<Response<RaftPayload>, Status> {
+        let data = encode(&result).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(RaftPayload { cluster_id: self.cluster_id.to_string(), from: self.node_id, data }))
+    }
+}
+
+fn bad_payload(e: std::io::Error) -> Status {
+    Status::invalid_argument(format!("undecodable raft payload: {e}"))
+}
+
+#[tonic::async_trait]
+impl RaftRpc for RaftService {
+    async fn append_entries(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let p = request.into_inner();
+        self.check(&p.cluster_id, p.from)?;
+        let req: AppendEntriesRequest<TypeConfig> = decode(&p.data, "append_entries").map_err(bad_payload)?;
+        self.reply(self.raft.append_entries(req).await.map_err(|e| e.to_string()))
+    }
+
+    async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let p = request.into_inner();
+        self.check(&p.cluster_id, p.from)?;
+        let req: VoteRequest<TypeConfig> = decode(&p.data, "vote").map_err(bad_payload)?;
+        self.reply(self.raft.vote(req).await.map_err(|e| e.to_string()))
+    }
+
+    async fn transfer_leader(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let p = request.into_inner();
+        self.check(&p.cluster_id, p.from)?;
+        let req: TransferLeaderRequest<TypeConfig> = decode(&p.data, "transfer_leader").map_err(bad_payload)?;
+        self.reply(self.raft.handle_transfer_leader(req).await.map_err(|e| e.to_string()))
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<Streaming<SnapshotChunk>>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let mut stream = request.into_inner();
+        let mut header: Option<(Vote, SnapshotMeta)> = None;
+        let mut data = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            self.check(&chunk.cluster_id, chunk.from)?;
+            if header.is_none() {
+                header = Some(decode(&chunk.header, "snapshot header").map_err(bad_payload)?);
+            }
+            data.extend_from_slice(&chunk.data);
+        }
+        let Some((vote, meta)) = header else {
+            return Err(Status::invalid_argument("empty snapshot stream"));
+        };
+        let snapshot = Snapshot { meta, snapshot: Cursor::new(data) };
+        self.reply(self.raft.install_full_snapshot(vote, snapshot).await.map_err(|e| e.to_string()))
+    }
+
+    async fn hello(&self, request: Request<HelloRequest>) -> Result<Response<HelloResponse>, Status> {
+        let _ = request;
+        Ok(Response::new(HelloResponse { cluster_id: self.cluster_id.to_string(), node_id: self.node_id }))
+    }
+}

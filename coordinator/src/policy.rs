@@ -1,0 +1,88 @@
+//! Request policy: every bound a caller can hit, in one place (DESIGN §2).
+
+use std::time::Duration;
+
+use crate::types::InvalidField;
+
+/// Bounds and defaults applied to lock requests. Every limit is explicit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Lease length when the request says 0.
+    pub default_ttl: Duration,
+    /// Shortest lease accepted; at least 1.5 × the election timeout.
+    pub min_ttl: Duration,
+    /// Longest lease accepted.
+    pub max_ttl: Duration,
+    /// Longest wait in a queue.
+    pub max_wait: Duration,
+    /// Queue length per resource; further waiters get TOO_MANY_WAITERS.
+    pub max_waiters_per_resource: u32,
+    /// Queued requests over all resources on this cluster.
+    pub max_waiters_total: u64,
+    /// How long request ids (I7) and ended-lease records are remembered.
+    pub dedup_retention: Duration,
+    /// How long a write may wait for its commit before the answer is
+    /// "outcome unknown" (UNAVAILABLE).
+    pub write_timeout: Duration,
+    /// How long a queue slot whose parked call was lost (leader change) waits
+    /// to be reclaimed by a retry before it is cancelled.
+    pub unclaimed_slot_grace: Duration,
+    /// Largest ListLocks page.
+    pub max_page_size: u32,
+}
+
+impl Policy {
+    /// The defaults of DESIGN §2 for a given election timeout.
+    pub fn for_election_timeout(election_timeout: Duration) -> Self {
+        Self {
+            default_ttl: Duration::from_secs(30),
+            min_ttl: (election_timeout * 3 / 2).max(Duration::from_millis(500)),
+            max_ttl: Duration::from_secs(600),
+            max_wait: Duration::from_secs(300),
+            max_waiters_per_resource: 1024,
+            max_waiters_total: 100_000,
+            dedup_retention: Duration::from_secs(600),
+            write_timeout: Duration::from_secs(5),
+            unclaimed_slot_grace: Duration::from_secs(10),
+            max_page_size: 1000,
+        }
+    }
+
+    /// The ttl to use for a request, or why it is refused (never clamped).
+    pub fn ttl(&self, requested_ms: u64) -> Result<Duration, InvalidField> {
+        if requested_ms == 0 {
+            return Ok(self.default_ttl);
+        }
+        let (min, max) = (self.min_ttl.as_millis() as u64, self.max_ttl.as_millis() as u64);
+        if requested_ms < min || requested_ms > max {
+            return Err(InvalidField::Ttl { value: requested_ms, min, max });
+        }
+        Ok(Duration::from_millis(requested_ms))
+    }
+
+    /// The wait to use for a request, or why it is refused.
+    pub fn wait(&self, requested_ms: u64) -> Result<Duration, InvalidField> {
+        let max = self.max_wait.as_millis() as u64;
+        if requested_ms > max {
+            return Err(InvalidField::WaitTimeout { value: requested_ms, max });
+        }
+        Ok(Duration::from_millis(requested_ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_outside_bounds_is_refused_not_clamped() {
+        let p = Policy::for_election_timeout(Duration::from_secs(2));
+        assert_eq!(p.min_ttl, Duration::from_secs(3));
+        assert_eq!(p.ttl(0).unwrap(), Duration::from_secs(30));
+        assert!(matches!(p.ttl(2999), Err(InvalidField::Ttl { value: 2999, min: 3000, max: 600_000 })));
+        assert!(p.ttl(600_001).is_err());
+        assert_eq!(p.ttl(3000).unwrap(), Duration::from_secs(3));
+        assert!(p.wait(300_001).is_err());
+        assert_eq!(p.wait(0).unwrap(), Duration::ZERO);
+    }
+}

@@ -1,0 +1,754 @@
+//! The lock operations, shared by the gRPC and JSON front ends: validation,
+//! leadership checks, proposing through raft, parking waiters, linearizable
+//! reads. Errors are [`LockError`]; `api::errors` maps them to statuses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::ReadPolicy;
+use openraft::errors::{ClientWriteError, ForwardReason, ForwardToLeader, RaftError};
+use tokio::task::JoinHandle;
+
+use crate::clock::Clock;
+use crate::lease_clock::LeaseClock;
+use crate::metrics::Metrics;
+use crate::network::RaftHandle;
+use crate::policy::Policy;
+use crate::state_machine::{CancelOutcome, Command, Grant, LogCommand, Outcome, Rejection};
+use crate::store::StateMachineStore;
+use crate::types::{
+    FencingToken, Holder, InvalidField, LeaseId, NodeId, RequestId, ResourceName, TypeConfig, check_resource_chars,
+};
+use crate::waiters::{ParkedCalls, Wake};
+
+/// Why a lock operation did not succeed. Keeps "refused" (the request was
+/// answered) apart from "unavailable" (the outcome may be unknown).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LockError {
+    /// A field broke a rule.
+    #[error("invalid argument: {0}")]
+    Invalid(#[from] InvalidField),
+    /// The lock is held and the request did not wait.
+    #[error("lock is held by {holder:?} (token {token})")]
+    LockHeld {
+        /// The holder's description.
+        holder: String,
+        /// The holder's token.
+        token: FencingToken,
+    },
+    /// The wait ended without the lock; the queue slot was cancelled.
+    #[error("wait timed out; the queue slot was cancelled")]
+    WaitTimeout,
+    /// The wait queue is full.
+    #[error("too many waiters (limit {limit})")]
+    TooManyWaiters {
+        /// The limit.
+        limit: u64,
+    },
+    /// The lease is not the current holder.
+    #[error("lease is not the current holder")]
+    NotHolder,
+    /// The lease expired or was force-released.
+    #[error("lease expired")]
+    LeaseExpired,
+    /// The request id was already used for another resource.
+    #[error("request id was already used for resource {first_resource}")]
+    RequestIdReused {
+        /// The resource it was first used for.
+        first_resource: String,
+    },
+    /// This node is not the leader.
+    #[error("not the leader{}", leader_addr.as_ref().map(|a| format!("; the leader is {a}")).unwrap_or_else(|| "; no leader is known".into()))]
+    NotLeader {
+        /// The leader's id, if known.
+        leader_id: Option<NodeId>,
+        /// The leader's address, if known.
+        leader_addr: Option<String>,
+    },
+    /// The leader cannot reach a majority.
+    #[error("the leader cannot reach a majority of the cluster")]
+    NoQuorum,
+    /// The write may or may not have committed; retry with the same request id.
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+    /// Leadership moved while the call was parked; retry with the same request id.
+    #[error("leadership changed while the call was waiting; retry with the same request id")]
+    LeaderChanged,
+    /// The node is shutting down.
+    #[error("the node is shutting down")]
+    ShuttingDown,
+    /// A bug or a storage failure.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl LockError {
+    /// The machine-readable reason (google.rpc.ErrorInfo.reason).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Invalid(_) => "INVALID_ARGUMENT",
+            Self::LockHeld { .. } => "LOCK_HELD",
+            Self::WaitTimeout => "WAIT_TIMEOUT",
+            Self::TooManyWaiters { .. } => "TOO_MANY_WAITERS",
+            Self::NotHolder => "NOT_HOLDER",
+            Self::LeaseExpired => "LEASE_EXPIRED",
+            Self::RequestIdReused { .. } => "REQUEST_ID_REUSED",
+            Self::NotLeader { .. } => "NOT_LEADER",
+            Self::NoQuorum => "NO_QUORUM",
+            Self::Unknown(_) => "OUTCOME_UNKNOWN",
+            Self::LeaderChanged => "LEADER_CHANGED",
+            Self::ShuttingDown => "SHUTTING_DOWN",
+            Self::Internal(_) => "INTERNAL",
+        }
+    }
+
+    /// The outcome label for metrics (DESIGN §6).
+    pub fn metric_outcome(&self) -> &'static str {
+        match self {
+            Self::Invalid(_) | Self::RequestIdReused { .. } => "invalid",
+            Self::LockHeld { .. } | Self::TooManyWaiters { .. } => "conflict",
+            Self::WaitTimeout => "timeout",
+            Self::NotHolder | Self::LeaseExpired => "not_holder",
+            Self::NotLeader { .. } | Self::NoQuorum | Self::LeaderChanged | Self::ShuttingDown => "unavailable",
+            Self::Unknown(_) | Self::Internal(_) => "unknown",
+        }
+    }
+}
+
+/// An acquire request, before validation.
+#[derive(Debug, Clone, Default)]
+pub struct AcquireRequest {
+    /// The lock.
+    pub resource: String,
+    /// The caller's id for this attempt; empty → generated.
+    pub request_id: String,
+    /// Lease length; 0 → default.
+    pub ttl_ms: u64,
+    /// 0 → try once.
+    pub wait_timeout_ms: u64,
+    /// Who asks.
+    pub holder: String,
+}
+
+/// A granted lease with the leader's expiry estimate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    /// The grant.
+    pub grant: Grant,
+    /// The request id it is recorded under.
+    pub request_id: RequestId,
+    /// Wall-clock estimate of the server-side expiry.
+    pub expires_at_unix_ms: u64,
+}
+
+/// A successful renewal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renewed {
+    /// The lease's token.
+    pub token: FencingToken,
+    /// Lease length.
+    pub ttl_ms: u64,
+    /// Wall-clock estimate of the server-side expiry.
+    pub expires_at_unix_ms: u64,
+}
+
+/// A successful release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// The lease no longer holds the lock.
+    pub released: bool,
+    /// This call is the one that freed it.
+    pub was_holder: bool,
+}
+
+/// The view of one lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockView {
+    /// The lock.
+    pub resource: ResourceName,
+    /// Whether a lease holds it.
+    pub held: bool,
+    /// The holder's description.
+    pub holder: String,
+    /// The holder's token (0 when free).
+    pub token: FencingToken,
+    /// Queued requests.
+    pub waiters: u32,
+    /// Remaining lease time on the leader's clock.
+    pub remaining_ttl_ms: u64,
+    /// Lease length.
+    pub ttl_ms: u64,
+}
+
+/// The result of a force-release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForceReleased {
+    /// Token of the freed lease, if the lock was held.
+    pub released_token: Option<FencingToken>,
+    /// Index of the log entry.
+    pub log_index: u64,
+}
+
+pub(crate) struct ServiceInner {
+    pub(crate) raft: RaftHandle,
+    pub(crate) sm: StateMachineStore,
+    pub(crate) leases: Arc<LeaseClock>,
+    pub(crate) parked: Arc<ParkedCalls>,
+    pub(crate) policy: Policy,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) clock: Clock,
+}
+
+/// The lock operations of one node. Cheap to clone.
+#[derive(Clone)]
+pub struct LockService {
+    pub(crate) inner: Arc<ServiceInner>,
+}
+
+fn not_leader(f: &ForwardToLeader<TypeConfig>) -> LockError {
+    if f.reason == ForwardReason::LeaseExpired {
+        return LockError::NoQuorum;
+    }
+    LockError::NotLeader { leader_id: f.leader_id, leader_addr: f.leader_node.as_ref().map(|n| n.addr.clone()) }
+}
+
+pub(crate) fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> LockError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(&f),
+        RaftError::APIError(ClientWriteError::LogEntryDiscarded(_)) => {
+            LockError::Unknown("the leader changed before the write committed; retry with the same request id".into())
+        }
+        RaftError::APIError(e) => LockError::Internal(e.to_string()),
+        RaftError::Fatal(_) => LockError::ShuttingDown,
+    }
+}
+
+impl LockService {
+    pub(crate) fn new(inner: ServiceInner) -> Self {
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    fn ensure_leader(&self) -> Result<(), LockError> {
+        self.inner.raft.as_leader().map(|_| ()).map_err(|f| not_leader(&f))
+    }
+
+    /// Proposes a command and waits for its outcome, at most the write timeout.
+    pub(crate) async fn propose(&self, cmd: Command) -> Result<Outcome, LockError> {
+        let entry = LogCommand { at_ms: self.inner.clock.wall_ms(), cmd };
+        let started = self.inner.clock.now();
+        match tokio::time::timeout(self.inner.policy.write_timeout, self.inner.raft.client_write(entry)).await {
+            Err(_) => Err(LockError::Unknown(format!(
+                "the write did not commit within {:?}; retry with the same request id",
+                self.inner.policy.write_timeout
+            ))),
+            Ok(Err(e)) => Err(write_error(e)),
+            Ok(Ok(resp)) => {
+                self.inner.metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
+                Ok(resp.data)
+            }
+        }
+    }
+
+    /// Proposes in a task of its own, so the write completes (and its outcome
+    /// can be acted on) even if the caller goes away.
+    fn propose_detached(&self, cmd: Command) -> JoinHandle<Result<Outcome, LockError>> {
+        let svc = self.clone();
+        tokio::spawn(async move { svc.propose(cmd).await })
+    }
+
+    fn expires_at(&self, lease_id: &LeaseId, ttl_ms: u64) -> u64 {
+        let clock = &self.inner.clock;
+        match self.inner.leases.deadline(lease_id) {
+            Some(d) => clock.to_wall_ms(d),
+            None => clock.wall_ms() + ttl_ms,
+        }
+    }
+
+    fn granted(&self, grant: Grant, request_id: RequestId) -> Granted {
+        let expires_at_unix_ms = self.expires_at(&grant.lease_id, grant.ttl_ms);
+        Granted { grant, request_id, expires_at_unix_ms }
+    }
+
+    /// Acquire (DESIGN §2, §3.3).
+    pub async fn acquire(&self, req: AcquireRequest) -> Result<Granted, LockError> {
+        let policy = &self.inner.policy;
+        let resource = ResourceName::new(req.resource)?;
+        let request_id = if req.request_id.is_empty() {
+            RequestId::random().map_err(|e| LockError::Internal(format!("random request id: {e}")))?
+        } else {
+            RequestId::new(req.request_id)?
+        };
+        let holder = Holder::new(req.holder)?;
+        let ttl = policy.ttl(req.ttl_ms)?;
+        let wait = policy.wait(req.wait_timeout_ms)?;
+        self.ensure_leader()?;
+        let lease_id = LeaseId::random().map_err(|e| LockError::Internal(format!("random lease id: {e}")))?;
+        let cmd = Command::Acquire {
+            request_id: request_id.clone(),
+            resource: resource.clone(),
+            holder,
+            ttl_ms: ttl.as_millis() as u64,
+            wait: !wait.is_zero(),
+            lease_id,
+            max_waiters: policy.max_waiters_per_resource,
+        };
+        if wait.is_zero() {
+            return match self.propose(cmd).await? {
+                Outcome::Granted(g) => Ok(self.granted(g, request_id)),
+                // A retry of a request that once waited: report its slot's fate.
+                Outcome::Queued { .. } => self.wait_in_queue(resource, request_id, None, Duration::ZERO).await,
+                other => Err(self.refusal(other)),
+            };
+        }
+        if self.inner.metrics.waiters.get() as u64 >= policy.max_waiters_total {
+            return Err(LockError::TooManyWaiters { limit: policy.max_waiters_total });
+        }
+        self.wait_in_queue(resource, request_id, Some(cmd), wait).await
+    }
+
+    /// Parks the call, proposes (if `cmd`), and waits for exactly one of:
+    /// granted, WAIT_TIMEOUT (through a committed CancelWait), or unavailable.
+    async fn wait_in_queue(
+        &self,
+        resource: ResourceName,
+        request_id: RequestId,
+        cmd: Option<Command>,
+        wait: Duration,
+    ) -> Result<Granted, LockError> {
+        let deadline = self.inner.clock.after(wait);
+        let mut parked = self.inner.parked.park(&request_id);
+        let mut guard = WaitGuard {
+            svc: self.clone(),
+            resource: resource.clone(),
+            request_id: request_id.clone(),
+            generation: parked.generation,
+            write: cmd.map(|c| self.propose_detached(c)),
+            armed: true,
+        };
+        self.inner.metrics.parked_calls.inc();
+        let _parked_gauge = GaugeGuard(self.inner.metrics.clone());
+        if let Some(write) = guard.write.as_mut() {
+            let outcome = write.await.map_err(|e| LockError::Internal(format!("acquire task: {e}")));
+            guard.write = None;
+            match outcome.and_then(|r| r) {
+                Ok(Outcome::Granted(g)) => {
+                    guard.disarm();
+                    return Ok(self.granted(g, request_id));
+                }
+                Ok(Outcome::Queued { .. }) => {}
+                Ok(other) => {
+                    guard.disarm();
+                    return Err(self.refusal(other));
+                }
+                Err(e) => {
+                    // Unknown or refused before commit: the client retries with
+                    // the same request id, which finds its slot if it was queued.
+                    guard.disarm();
+                    return Err(e);
+                }
+            }
+        }
+        tokio::select! {
+            wake = &mut parked.rx => {
+                guard.disarm();
+                match wake {
+                    Ok(Wake::Granted(g)) => Ok(self.granted(g, request_id)),
+                    Ok(Wake::Cancelled) => Err(LockError::WaitTimeout),
+                    Ok(Wake::LeaderChanged) | Err(_) => Err(LockError::LeaderChanged),
+                    Ok(Wake::Superseded) => Err(LockError::Unknown(
+                        "another call with the same request id took over this queue slot".into(),
+                    )),
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                guard.disarm();
+                self.inner.parked.unpark(&request_id, parked.generation);
+                let cancel = self.propose_detached(Command::CancelWait { resource, request_id: request_id.clone() });
+                match cancel.await.map_err(|e| LockError::Internal(format!("cancel task: {e}")))?? {
+                    Outcome::WaitCancel(CancelOutcome::AlreadyGranted(g)) => Ok(self.granted(g, request_id)),
+                    Outcome::WaitCancel(_) => Err(LockError::WaitTimeout),
+                    other => Err(LockError::Internal(format!("unexpected outcome of CancelWait: {other:?}"))),
+                }
+            }
+        }
+    }
+
+    fn refusal(&self, outcome: Outcome) -> LockError {
+        match outcome {
+            Outcome::Rejected(r) => match r {
+                Rejection::LockHeld { holder, token } => LockError::LockHeld { holder: holder.to_string(), token },
+                Rejection::TooManyWaiters { limit } => LockError::TooManyWaiters { limit: u64::from(limit) },
+                Rejection::NotHolder => LockError::NotHolder,
+                Rejection::LeaseExpired => LockError::LeaseExpired,
+                Rejection::RequestIdReused { first_resource } => {
+                    LockError::RequestIdReused { first_resource: first_resource.to_string() }
+                }
+                Rejection::WaitCancelled => LockError::WaitTimeout,
+            },
+            other => LockError::Internal(format!("unexpected outcome {other:?}")),
+        }
+    }
+
+    /// Renew (DESIGN §3.2): refused at once when the leader's deadline passed.
+    pub async fn renew(&self, resource: &str, lease_id: &str) -> Result<Renewed, LockError> {
+        let resource = ResourceName::new(resource)?;
+        let lease_id: LeaseId = lease_id.parse()?;
+        self.ensure_leader()?;
+        if self.inner.leases.is_overdue(&lease_id) {
+            self.inner.metrics.renew_failures.inc();
+            return Err(LockError::LeaseExpired);
+        }
+        match self.propose(Command::Renew { resource, lease_id }).await {
+            Ok(Outcome::Renewed { token, ttl_ms }) => {
+                Ok(Renewed { token, ttl_ms, expires_at_unix_ms: self.expires_at(&lease_id, ttl_ms) })
+            }
+            Ok(other) => {
+                self.inner.metrics.renew_failures.inc();
+                Err(self.refusal(other))
+            }
+            Err(e) => {
+                self.inner.metrics.renew_failures.inc();
+                Err(e)
+            }
+        }
+    }
+
+    /// Release (I4: a stale lease id never frees a newer holder).
+    pub async fn release(&self, resource: &str, lease_id: &str) -> Result<Released, LockError> {
+        let resource = ResourceName::new(resource)?;
+        let lease_id: LeaseId = lease_id.parse()?;
+        self.ensure_leader()?;
+        match self.propose(Command::Release { resource, lease_id }).await? {
+            Outcome::Released { was_holder } => Ok(Released { released: true, was_holder }),
+            other => Err(self.refusal(other)),
+        }
+    }
+
+    /// Force-release (operator action; the caller is recorded by the audit log).
+    pub async fn force_release(&self, resource: &str) -> Result<ForceReleased, LockError> {
+        let resource = ResourceName::new(resource)?;
+        self.ensure_leader()?;
+        let entry = LogCommand { at_ms: self.inner.clock.wall_ms(), cmd: Command::ForceRelease { resource } };
+        let resp = tokio::time::timeout(self.inner.policy.write_timeout, self.inner.raft.client_write(entry))
+            .await
+            .map_err(|_| LockError::Unknown("the force-release did not commit in time".into()))?
+            .map_err(write_error)?;
+        match resp.data {
+            Outcome::ForceReleased { released_token } => {
+                Ok(ForceReleased { released_token, log_index: resp.log_id.index })
+            }
+            other => Err(LockError::Internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    /// Waits until reads on this node are linearizable (ReadIndex, never lease reads).
+    async fn linearize(&self) -> Result<(), LockError> {
+        self.ensure_leader()?;
+        let read = tokio::time::timeout(
+            self.inner.policy.write_timeout,
+            self.inner.raft.ensure_linearizable(ReadPolicy::ReadIndex),
+        )
+        .await
+        .map_err(|_| LockError::NoQuorum)?;
+        match read {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f))) => {
+                Err(not_leader(&f))
+            }
+            Err(RaftError::APIError(_)) => Err(LockError::NoQuorum),
+            Err(RaftError::Fatal(_)) => Err(LockError::ShuttingDown),
+        }
+    }
+
+    fn view(&self, resource: ResourceName, state: Option<&crate::state_machine::ResourceState>) -> LockView {
+        match state.and_then(|s| s.lock.as_ref().map(|l| (l, s.waiters.len()))) {
+            Some((lock, waiters)) => LockView {
+                remaining_ttl_ms: self
+                    .inner
+                    .leases
+                    .deadline(&lock.lease_id)
+                    .map_or(0, |d| self.inner.clock.millis_until(d)),
+                resource,
+                held: true,
+                holder: lock.holder.to_string(),
+                token: lock.token,
+                waiters: waiters as u32,
+                ttl_ms: lock.ttl_ms,
+            },
+            None => LockView {
+                resource,
+                held: false,
+                holder: String::new(),
+                token: FencingToken(0),
+                waiters: 0,
+                remaining_ttl_ms: 0,
+                ttl_ms: 0,
+            },
+        }
+    }
+
+    /// GetLock: a linearizable view of one resource.
+    pub async fn get(&self, resource: &str) -> Result<LockView, LockError> {
+        let resource = ResourceName::new(resource)?;
+        self.linearize().await?;
+        let state = self.inner.sm.read();
+        Ok(self.view(resource.clone(), state.resource(&resource)))
+    }
+
+    /// ListLocks: held locks whose name starts with `prefix`, in name order,
+    /// `page_size` at a time (0 → 100).
+    pub async fn list(
+        &self,
+        prefix: &str,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<(Vec<LockView>, String), LockError> {
+        check_resource_chars(prefix).map_err(|e| InvalidField::Prefix(e.to_string()))?;
+        let max = self.inner.policy.max_page_size;
+        if page_size > max {
+            return Err(InvalidField::PageSize { value: page_size, max }.into());
+        }
+        let page_size = if page_size == 0 { 100 } else { page_size as usize };
+        let after = if page_token.is_empty() {
+            None
+        } else {
+            Some(ResourceName::new(page_token).map_err(|_| InvalidField::PageToken)?)
+        };
+        self.linearize().await?;
+        let state = self.inner.sm.read();
+        let range = match &after {
+            Some(a) => {
+                state.resources().range::<ResourceName, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded))
+            }
+            None => state.resources().range::<ResourceName, _>(..),
+        };
+        let mut out = Vec::new();
+        let mut next = String::new();
+        for (name, r) in range.skip_while(|(n, _)| n.as_str() < prefix) {
+            if !name.as_str().starts_with(prefix) {
+                break;
+            }
+            if out.len() == page_size {
+                next = out.last().map(|v: &LockView| v.resource.to_string()).unwrap_or_default();
+                break;
+            }
+            out.push(self.view(name.clone(), Some(r)));
+        }
+        Ok((out, next))
+    }
+}
+
+/// Decrements the parked-calls gauge however the call ends.
+struct GaugeGuard(Arc<Metrics>);
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.parked_calls.dec();
+    }
+}
+
+/// Cleans up after a waiting call that went away (client disconnect): cancels
+/// its queue slot, or releases the lease if it was granted meanwhile.
+struct WaitGuard {
+    svc: LockService,
+    resource: ResourceName,
+    request_id: RequestId,
+    generation: u64,
+    write: Option<JoinHandle<Result<Outcome, LockError>>>,
+    armed: bool,
+}
+
+impl WaitGuard {
+    fn disarm(&mut self) {
+        if self.armed {
+            self.armed = false;
+            self.svc.inner.parked.unpark(&self.request_id, self.generation);
+        }
+    }
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let parked = &self.svc.inner.parked;
+        // If a retry took the slot over, it is no longer ours to clean up.
+        let ours = parked.unpark(&self.request_id, self.generation) || parked.take_promoted(&self.request_id);
+        if !ours {
+            return;
+        }
+        let (svc, resource, request_id, write) =
+            (self.svc.clone(), self.resource.clone(), self.request_id.clone(), self.write.take());
+        tokio::spawn(async move {
+            if let Some(write) = write {
+                match write.await {
+                    Ok(Ok(Outcome::Granted(g))) => {
+                        return svc.release_orphan(&g).await;
+                    }
+                    Ok(Ok(Outcome::Queued { .. })) => {}
+                    _ => return,
+                }
+            }
+            if svc.ensure_leader().is_err() {
+                return; // the new leader's grace sweep cancels the slot
+            }
+            tracing::debug!(%resource, %request_id, "caller went away; cancelling its queue slot");
+            match svc.propose(Command::CancelWait { resource, request_id }).await {
+                Ok(Outcome::WaitCancel(CancelOutcome::AlreadyGranted(g))) => svc.release_orphan(&g).await,
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "could not cancel the queue slot of a departed caller"),
+            }
+        });
+    }
+}
+
+impl LockService {
+    async fn release_orphan(&self, g: &Grant) {
+        tracing::info!(resource = %g.resource, token = %g.token, "caller went away after its grant; releasing the orphaned lease");
+        if let Err(e) = self.propose(Command::Release { resource: g.resource.clone(), lease_id: g.lease_id }).await {
+            tracing::warn!(error = %e, "could not release an orphaned lease; it will expire");
+        }
+    }
+}
+
+/// One member as seen by this node.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberView {
+    /// Node id.
+    pub id: NodeId,
+    /// Address.
+    pub addr: String,
+    /// voter or learner.
+    pub role: &'static str,
+    /// Highest index known replicated to it (leader only).
+    pub matched_index: u64,
+    /// Milliseconds since the leader last heard from it; -1 when unknown.
+    pub last_ack_ms: i64,
+    /// self, ok, lagging, unreachable or unknown.
+    pub health: &'static str,
+}
+
+/// This node's view of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StatusView {
+    /// This node.
+    pub node_id: NodeId,
+    /// The cluster it belongs to.
+    pub cluster_id: String,
+    /// leader, follower, candidate, learner or shutdown.
+    pub state: &'static str,
+    /// The leader, if known.
+    pub leader_id: Option<NodeId>,
+    /// The leader's address, if known.
+    pub leader_addr: Option<String>,
+    /// Current term.
+    pub term: u64,
+    /// Last log index.
+    pub last_log_index: u64,
+    /// Committed index.
+    pub commit_index: u64,
+    /// Applied index.
+    pub applied_index: u64,
+    /// Index of the latest snapshot.
+    pub snapshot_index: u64,
+    /// Highest purged index.
+    pub purged_index: u64,
+    /// Members.
+    pub members: Vec<MemberView>,
+    /// Held locks.
+    pub locks_held: u64,
+    /// Queued waiters.
+    pub waiters: u64,
+    /// Milliseconds since a quorum last acknowledged this leader (leader only).
+    pub millis_since_quorum_ack: Option<u64>,
+    /// fencer version.
+    pub version: &'static str,
+}
+
+impl LockService {
+    /// This node's view of the cluster (not linearizable: a diagnostic).
+    pub fn status(&self, cluster_id: &str) -> StatusView {
+        use openraft::rt::Instant as _;
+        let m = openraft::rt::watch::WatchReceiver::borrow_watched(&self.inner.raft.metrics()).clone();
+        let is_leader = m.state == openraft::ServerState::Leader;
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+        let last_log = m.last_log_index.unwrap_or(0);
+        let mut members = Vec::new();
+        for (id, node) in membership.nodes() {
+            let matched = m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map(|l| l.index);
+            let ack =
+                m.heartbeat.as_ref().and_then(|h| h.get(id).cloned().flatten()).map(|i| i.elapsed().as_millis() as i64);
+            let health = if *id == m.id {
+                "self"
+            } else if !is_leader {
+                "unknown"
+            } else {
+                match ack {
+                    None => "unreachable",
+                    Some(ms) if ms > 3 * 1000 => "unreachable",
+                    Some(_) if last_log.saturating_sub(matched.unwrap_or(0)) > 10_000 => "lagging",
+                    Some(_) => "ok",
+                }
+            };
+            members.push(MemberView {
+                id: *id,
+                addr: node.addr.clone(),
+                role: if voters.contains(id) { "voter" } else { "learner" },
+                matched_index: if *id == m.id { last_log } else { matched.unwrap_or(0) },
+                last_ack_ms: if *id == m.id { 0 } else { ack.unwrap_or(-1) },
+                health,
+            });
+        }
+        let state = self.inner.sm.read();
+        StatusView {
+            node_id: m.id,
+            cluster_id: cluster_id.to_string(),
+            state: match m.state {
+                openraft::ServerState::Leader => "leader",
+                openraft::ServerState::Follower => "follower",
+                openraft::ServerState::Candidate => "candidate",
+                openraft::ServerState::Learner => "learner",
+                openraft::ServerState::Shutdown => "shutdown",
+            },
+            leader_id: m.current_leader,
+            leader_addr: m.current_leader.and_then(|l| membership.get_node(&l).map(|n| n.addr.clone())),
+            term: m.current_term,
+            last_log_index: last_log,
+            commit_index: m.local_committed.as_ref().map_or(0, |l| l.index),
+            applied_index: m.last_applied.as_ref().map_or(0, |l| l.index),
+            snapshot_index: m.snapshot.as_ref().map_or(0, |l| l.index),
+            purged_index: m.purged.as_ref().map_or(0, |l| l.index),
+            members,
+            locks_held: state.lock_count(),
+            waiters: state.waiter_count(),
+            millis_since_quorum_ack: if is_leader {
+                m.last_quorum_acked.as_ref().map(|t| t.elapsed().as_millis() as u64)
+            } else {
+                None
+            },
+            version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+
+    /// Adds a learner that catches up from the leader.
+    pub async fn add_learner(&self, id: NodeId, addr: String) -> Result<u64, LockError> {
+        self.ensure_leader()?;
+        let r = self.inner.raft.add_learner(id, openraft::BasicNode { addr }, true).await.map_err(write_error)?;
+        Ok(r.log_id.index)
+    }
+
+    /// Replaces the voter set.
+    pub async fn change_membership(&self, voters: Vec<NodeId>, retain: bool) -> Result<u64, LockError> {
+        self.ensure_leader()?;
+        let set: std::collections::BTreeSet<NodeId> = voters.into_iter().collect();
+        let r = self.inner.raft.change_membership(set, retain).await.map_err(write_error)?;
+        Ok(r.log_id.index)
+    }
+}

@@ -1,0 +1,504 @@
+//! The state-machine store (DESIGN §3.4): the lock state lives in memory for
+//! fast reads and applies, and every applied batch is written to its own redb
+//! file — the changed keys, the last applied log id and the membership in one
+//! transaction, so state and dedup table never disagree with `applied`.
+//!
+//! Batch commits use `Durability::None` (the raft log is already durable and a
+//! crash replays the tail deterministically); one commit per second, and every
+//! snapshot, is made with `Durability::Immediate`, so a snapshot never covers
+//! state that the disk does not hold before raft purges the log behind it.
+//! All redb work runs on blocking threads.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Cursor, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+
+use futures::{Stream, TryStreamExt};
+use openraft::entry::RaftEntry;
+use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::{EntryPayload, LogId, OptionalSend, StoredMembership};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use super::codec::{decode, encode, io_err};
+use crate::clock::Clock;
+use crate::metrics::Metrics;
+use crate::state_machine::{Applied, Changes, LockState, LogCommand, Outcome};
+use crate::types::{LeaseId, RequestId, ResourceName, TypeConfig};
+
+type LogIdT = LogId<openraft::alias::CommittedLeaderIdOf<TypeConfig>>;
+type Membership = StoredMembership<openraft::alias::CommittedLeaderIdOf<TypeConfig>, u64, openraft::BasicNode>;
+type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+type Snapshot = openraft::alias::SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;
+
+const RESOURCES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("resources");
+const DEDUP: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("dedup");
+const ENDED: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("ended");
+const SM_META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("sm_meta");
+
+const KEY_APPLIED: &str = "applied";
+const KEY_MEMBERSHIP: &str = "membership";
+const SNAPSHOT_FORMAT: u32 = 1;
+
+/// Told about every applied entry, on the applying thread, in log order.
+pub trait ApplyObserver: Send + Sync + 'static {
+    /// One normal entry was applied at `index`.
+    fn on_applied(&self, index: u64, entry: &LogCommand, applied: &Applied);
+    /// The whole state was replaced by a snapshot.
+    fn on_state_replaced(&self, state: &LockState);
+}
+
+/// An observer that ignores everything (tests of the store alone).
+pub struct NoObserver;
+
+impl ApplyObserver for NoObserver {
+    fn on_applied(&self, _: u64, _: &LogCommand, _: &Applied) {}
+    fn on_state_replaced(&self, _: &LockState) {}
+}
+
+struct Shared {
+    db: Database,
+    state: RwLock<LockState>,
+    applied: Mutex<(Option<LogIdT>, Membership)>,
+    snapshot_dir: PathBuf,
+    /// Serialises batches so their redb commits happen in apply order.
+    write_order: Mutex<DurabilityClock>,
+    observer: Arc<dyn ApplyObserver>,
+    metrics: Arc<Metrics>,
+    clock: Clock,
+}
+
+struct DurabilityClock {
+    last_immediate_ms: u64,
+}
+
+/// The redb-backed [`RaftStateMachine`]. Clones share one state.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    shared: Arc<Shared>,
+}
+
+/// The snapshot file: meta and state, so `get_current_snapshot` needs nothing else.
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    format: u32,
+    meta: SnapshotMeta,
+    state: Vec<u8>,
+}
+
+fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+impl StateMachineStore {
+    /// Opens (or creates) the state file and loads the state into memory.
+    /// Blocking: call it from `spawn_blocking` or before serving.
+    pub fn open(
+        path: &Path,
+        snapshot_dir: &Path,
+        observer: Arc<dyn ApplyObserver>,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+    ) -> io::Result<Self> {
+        std::fs::create_dir_all(snapshot_dir)
+            .map_err(|e| io_err(&format!("create snapshot dir {}", snapshot_dir.display()), e))?;
+        let db = Database::create(path).map_err(|e| io_err(&format!("open state file {}", path.display()), e))?;
+        {
+            let w = db.begin_write().map_err(|e| io_err("begin", e))?;
+            w.open_table(RESOURCES).map_err(|e| io_err("open resources", e))?;
+            w.open_table(DEDUP).map_err(|e| io_err("open dedup", e))?;
+            w.open_table(ENDED).map_err(|e| io_err("open ended", e))?;
+            w.open_table(SM_META).map_err(|e| io_err("open sm_meta", e))?;
+            w.commit().map_err(|e| io_err("commit", e))?;
+        }
+        let (state, applied, membership) = load(&db)?;
+        metrics.locks_held.set(state.lock_count() as i64);
+        metrics.waiters.set(state.waiter_count() as i64);
+        let now_ms = clock.wall_ms();
+        Ok(Self {
+            shared: Arc::new(Shared {
+                db,
+                state: RwLock::new(state),
+                applied: Mutex::new((applied, membership)),
+                snapshot_dir: snapshot_dir.to_path_buf(),
+                write_order: Mutex::new(DurabilityClock { last_immediate_ms: now_ms }),
+                observer,
+                metrics,
+                clock,
+            }),
+        })
+    }
+
+    /// Read access to the applied lock state.
+    pub fn read(&self) -> RwLockReadGuard<'_, LockState> {
+        read_lock(&self.shared.state)
+    }
+
+    /// The last applied log index.
+    pub fn applied_index(&self) -> Option<u64> {
+        self.shared.applied.lock().unwrap_or_else(|p| p.into_inner()).0.as_ref().map(|l| l.index)
+    }
+
+    /// Makes everything applied so far durable.
+    pub async fn sync(&self) -> io::Result<()> {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || {
+            let _order = shared.write_order.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = shared.db.begin_write().map_err(|e| io_err("begin", e))?;
+            w.set_durability(Durability::Immediate).map_err(|e| io_err("durability", e))?;
+            w.commit().map_err(|e| io_err("commit state", e))
+        })
+        .await
+        .map_err(|e| io_err("sync task", e))?
+    }
+}
+
+fn load(db: &Database) -> io::Result<(LockState, Option<LogIdT>, Membership)> {
+    let r = db.begin_read().map_err(|e| io_err("begin read", e))?;
+    let mut resources = BTreeMap::new();
+    for item in r.open_table(RESOURCES).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
+        let (k, v) = item.map_err(|e| io_err("read resources", e))?;
+        let name = ResourceName::new(k.value()).map_err(|e| io_err("stored resource name", e))?;
+        resources.insert(name, decode(v.value(), "resource state")?);
+    }
+    let mut dedup = HashMap::new();
+    for item in r.open_table(DEDUP).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
+        let (k, v) = item.map_err(|e| io_err("read dedup", e))?;
+        let id = RequestId::new(k.value()).map_err(|e| io_err("stored request id", e))?;
+        dedup.insert(id, decode(v.value(), "dedup record")?);
+    }
+    let mut ended = HashMap::new();
+    for item in r.open_table(ENDED).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
+        let (k, v) = item.map_err(|e| io_err("read ended", e))?;
+        ended.insert(LeaseId::from_u128(k.value()), decode(v.value(), "ended lease")?);
+    }
+    let meta = r.open_table(SM_META).map_err(|e| io_err("open", e))?;
+    let applied = match meta.get(KEY_APPLIED).map_err(|e| io_err("read applied", e))? {
+        Some(v) => Some(decode(v.value(), "applied log id")?),
+        None => None,
+    };
+    let membership = match meta.get(KEY_MEMBERSHIP).map_err(|e| io_err("read membership", e))? {
+        Some(v) => decode(v.value(), "membership")?,
+        None => Membership::default(),
+    };
+    Ok((LockState::from_parts(resources, dedup, ended), applied, membership))
+}
+
+/// The encoded values of the keys a batch changed, gathered under the state lock.
+#[derive(Default)]
+struct Writes {
+    resources: Vec<(String, Option<Vec<u8>>)>,
+    dedup: Vec<(String, Option<Vec<u8>>)>,
+    ended: Vec<(u128, Option<Vec<u8>>)>,
+}
+
+fn gather(state: &LockState, changes: Changes) -> io::Result<Writes> {
+    let mut w = Writes::default();
+    for name in changes.resources {
+        let value = state.resource(&name).map(encode).transpose()?;
+        w.resources.push((name.as_str().to_string(), value));
+    }
+    for id in changes.dedup_put {
+        let value = state.dedup(&id).map(encode).transpose()?;
+        w.dedup.push((id.as_str().to_string(), value));
+    }
+    for id in changes.dedup_del {
+        w.dedup.push((id.as_str().to_string(), None));
+    }
+    for id in changes.ended_put {
+        let value = state.ended(&id).map(encode).transpose()?;
+        w.ended.push((id.to_u128(), value));
+    }
+    for id in changes.ended_del {
+        w.ended.push((id.to_u128(), None));
+    }
+    Ok(w)
+}
+
+fn write_batch(
+    db: &Database,
+    writes: &Writes,
+    applied: &[u8],
+    membership: Option<&[u8]>,
+    durable: bool,
+) -> io::Result<()> {
+    let mut tx = db.begin_write().map_err(|e| io_err("begin state write", e))?;
+    tx.set_durability(if durable { Durability::Immediate } else { Durability::None })
+        .map_err(|e| io_err("set durability", e))?;
+    {
+        let mut t = tx.open_table(RESOURCES).map_err(|e| io_err("open", e))?;
+        for (k, v) in &writes.resources {
+            match v {
+                Some(v) => t.insert(k.as_str(), v.as_slice()).map(|_| ()),
+                None => t.remove(k.as_str()).map(|_| ()),
+            }
+            .map_err(|e| io_err("write resource", e))?;
+        }
+        let mut t = tx.open_table(DEDUP).map_err(|e| io_err("open", e))?;
+        for (k, v) in &writes.dedup {
+            match v {
+                Some(v) => t.insert(k.as_str(), v.as_slice()).map(|_| ()),
+                None => t.remove(k.as_str()).map(|_| ()),
+            }
+            .map_err(|e| io_err("write dedup", e))?;
+        }
+        let mut t = tx.open_table(ENDED).map_err(|e| io_err("open", e))?;
+        for (k, v) in &writes.ended {
+            match v {
+                Some(v) => t.insert(*k, v.as_slice()).map(|_| ()),
+                None => t.remove(*k).map(|_| ()),
+            }
+            .map_err(|e| io_err("write ended", e))?;
+        }
+        let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
+        t.insert(KEY_APPLIED, applied).map_err(|e| io_err("write applied", e))?;
+        if let Some(m) = membership {
+            t.insert(KEY_MEMBERSHIP, m).map_err(|e| io_err("write membership", e))?;
+        }
+    }
+    tx.commit().map_err(|e| io_err("commit state", e))
+}
+
+/// One entry of a batch, reduced to what apply needs.
+enum Item {
+    Command(u64, LogCommand),
+    Membership(Membership),
+    Blank,
+}
+
+/// Applies a batch: in memory under the write lock, then one redb commit.
+fn apply_batch(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<Vec<Outcome>> {
+    let started = shared.clock.now();
+    let mut order = shared.write_order.lock().unwrap_or_else(|p| p.into_inner());
+    let mut outcomes = Vec::with_capacity(items.len());
+    let mut last = None;
+    let mut membership = None;
+    let writes = {
+        let mut state = shared.state.write().unwrap_or_else(|p| p.into_inner());
+        for (log_id, item) in items {
+            match item {
+                Item::Command(index, cmd) => {
+                    let applied = state.apply(index, &cmd);
+                    shared.observer.on_applied(index, &cmd, &applied);
+                    outcomes.push(applied.outcome);
+                }
+                Item::Membership(m) => {
+                    membership = Some(m);
+                    outcomes.push(Outcome::Noop);
+                }
+                Item::Blank => outcomes.push(Outcome::Noop),
+            }
+            last = Some(log_id);
+        }
+        shared.metrics.locks_held.set(state.lock_count() as i64);
+        shared.metrics.waiters.set(state.waiter_count() as i64);
+        let changes = state.take_changes();
+        gather(&state, changes)?
+    };
+    let Some(last) = last else { return Ok(outcomes) };
+    {
+        let mut applied = shared.applied.lock().unwrap_or_else(|p| p.into_inner());
+        applied.0 = Some(last);
+        if let Some(m) = &membership {
+            applied.1 = m.clone();
+        }
+    }
+    let now_ms = shared.clock.wall_ms();
+    let durable = now_ms.saturating_sub(order.last_immediate_ms) >= 1_000;
+    let membership_bytes = membership.as_ref().map(encode).transpose()?;
+    write_batch(&shared.db, &writes, &encode(&last)?, membership_bytes.as_deref(), durable)?;
+    if durable {
+        order.last_immediate_ms = now_ms;
+    }
+    shared.metrics.applied_index.set(last.index as i64);
+    shared.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
+    shared.metrics.apply_batch_entries.observe(outcomes.len() as f64);
+    Ok(outcomes)
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogIdT>, Membership), io::Error> {
+        let applied = self.shared.applied.lock().unwrap_or_else(|p| p.into_inner());
+        Ok((applied.0, applied.1.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
+    {
+        let mut items = Vec::new();
+        let mut responders = Vec::new();
+        while let Some((entry, responder)) = entries.try_next().await? {
+            let log_id = entry.log_id();
+            let index = entry.index();
+            let item = match entry.payload {
+                EntryPayload::Blank => Item::Blank,
+                EntryPayload::Normal(cmd) => Item::Command(index, cmd),
+                EntryPayload::Membership(m) => Item::Membership(StoredMembership::new(Some(log_id), m)),
+            };
+            items.push((log_id, item));
+            responders.push(responder);
+        }
+        if items.is_empty() {
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        let outcomes = tokio::task::spawn_blocking(move || apply_batch(&shared, items))
+            .await
+            .map_err(|e| io_err("apply task", e))??;
+        for (responder, outcome) in responders.into_iter().zip(outcomes) {
+            if let Some(r) = responder {
+                r.send(outcome);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Self::SnapshotData) -> Result<(), io::Error> {
+        let shared = self.shared.clone();
+        let meta = meta.clone();
+        tokio::task::spawn_blocking(move || install(&shared, meta, snapshot.into_inner()))
+            .await
+            .map_err(|e| io_err("install task", e))?
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
+        let dir = self.shared.snapshot_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            let Some(path) = latest_snapshot(&dir)? else { return Ok(None) };
+            let bytes = std::fs::read(&path).map_err(|e| io_err(&format!("read {}", path.display()), e))?;
+            let file: SnapshotFile = decode(&bytes, "snapshot file")?;
+            if file.format != SNAPSHOT_FORMAT {
+                return Err(io_err("snapshot", format!("unknown format {} in {}", file.format, path.display())));
+            }
+            Ok(Some(Snapshot { meta: file.meta, snapshot: Cursor::new(file.state) }))
+        })
+        .await
+        .map_err(|e| io_err("snapshot task", e))?
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    type SnapshotData = Cursor<Vec<u8>>;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || build(&shared)).await.map_err(|e| io_err("snapshot task", e))?
+    }
+}
+
+fn snapshot_name(index: u64) -> String {
+    format!("snapshot-{index:020}.bin")
+}
+
+fn latest_snapshot(dir: &Path) -> io::Result<Option<PathBuf>> {
+    let mut best: Option<PathBuf> = None;
+    for entry in std::fs::read_dir(dir).map_err(|e| io_err(&format!("list {}", dir.display()), e))? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if name.starts_with("snapshot-") && name.ends_with(".bin") && best.as_ref().is_none_or(|b| path > *b) {
+            best = Some(path);
+        }
+    }
+    Ok(best)
+}
+
+/// Writes the snapshot file atomically (temp file, fsync, rename, fsync dir)
+/// and removes older ones.
+fn write_snapshot_file(dir: &Path, meta: &SnapshotMeta, state: Vec<u8>) -> io::Result<usize> {
+    let index = meta.last_log_id.as_ref().map_or(0, |l| l.index);
+    let bytes = encode(&SnapshotFile { format: SNAPSHOT_FORMAT, meta: meta.clone(), state })?;
+    let final_path = dir.join(snapshot_name(index));
+    let tmp = dir.join(format!("{}.tmp", snapshot_name(index)));
+    {
+        let mut f = std::fs::File::create(&tmp).map_err(|e| io_err(&format!("create {}", tmp.display()), e))?;
+        f.write_all(&bytes).map_err(|e| io_err(&format!("write {}", tmp.display()), e))?;
+        f.sync_all().map_err(|e| io_err(&format!("fsync {}", tmp.display()), e))?;
+    }
+    std::fs::rename(&tmp, &final_path).map_err(|e| io_err("rename snapshot", e))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err("fsync snapshot dir", e))?;
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        if name.starts_with("snapshot-") && path != final_path {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    Ok(bytes.len())
+}
+
+fn build(shared: &Shared) -> io::Result<Snapshot> {
+    let started = shared.clock.now();
+    // Hold the batch order so no apply runs between reading the state and
+    // making the state file durable at exactly this point.
+    let _order = shared.write_order.lock().unwrap_or_else(|p| p.into_inner());
+    let (state_bytes, meta) = {
+        let state = read_lock(&shared.state);
+        let applied = shared.applied.lock().unwrap_or_else(|p| p.into_inner());
+        let meta = SnapshotMeta { last_log_id: applied.0, last_membership: applied.1.clone() };
+        (encode(&*state)?, meta)
+    };
+    let mut tx = shared.db.begin_write().map_err(|e| io_err("begin", e))?;
+    tx.set_durability(Durability::Immediate).map_err(|e| io_err("durability", e))?;
+    tx.commit().map_err(|e| io_err("commit state", e))?;
+    let size = write_snapshot_file(&shared.snapshot_dir, &meta, state_bytes.clone())?;
+    shared.metrics.snapshot_bytes.set(size as i64);
+    shared.metrics.snapshot_build_seconds.observe(started.elapsed().as_secs_f64());
+    tracing::info!(index = ?meta.last_log_id.as_ref().map(|l| l.index), bytes = size, "built snapshot");
+    Ok(Snapshot { meta, snapshot: Cursor::new(state_bytes) })
+}
+
+fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Result<()> {
+    let mut new_state: LockState = decode(&bytes, "snapshot state")?;
+    new_state.take_changes();
+    let _order = shared.write_order.lock().unwrap_or_else(|p| p.into_inner());
+    // Rewrite every table from the snapshot in one durable transaction.
+    let mut tx = shared.db.begin_write().map_err(|e| io_err("begin", e))?;
+    tx.set_durability(Durability::Immediate).map_err(|e| io_err("durability", e))?;
+    {
+        let mut t = tx.open_table(RESOURCES).map_err(|e| io_err("open", e))?;
+        t.retain(|_, _| false).map_err(|e| io_err("clear resources", e))?;
+        for (name, r) in new_state.resources() {
+            t.insert(name.as_str(), encode(r)?.as_slice()).map_err(|e| io_err("write resource", e))?;
+        }
+        let mut t = tx.open_table(DEDUP).map_err(|e| io_err("open", e))?;
+        t.retain(|_, _| false).map_err(|e| io_err("clear dedup", e))?;
+        for (id, r) in new_state.dedup_records() {
+            t.insert(id.as_str(), encode(r)?.as_slice()).map_err(|e| io_err("write dedup", e))?;
+        }
+        let mut t = tx.open_table(ENDED).map_err(|e| io_err("open", e))?;
+        t.retain(|_, _| false).map_err(|e| io_err("clear ended", e))?;
+        for (id, r) in new_state.ended_records() {
+            t.insert(id.to_u128(), encode(r)?.as_slice()).map_err(|e| io_err("write ended", e))?;
+        }
+        let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
+        match &meta.last_log_id {
+            Some(l) => t.insert(KEY_APPLIED, encode(l)?.as_slice()).map(|_| ()),
+            None => t.remove(KEY_APPLIED).map(|_| ()),
+        }
+        .map_err(|e| io_err("write applied", e))?;
+        t.insert(KEY_MEMBERSHIP, encode(&meta.last_membership)?.as_slice())
+            .map_err(|e| io_err("write membership", e))?;
+    }
+    tx.commit().map_err(|e| io_err("commit installed snapshot", e))?;
+    write_snapshot_file(&shared.snapshot_dir, &meta, bytes)?;
+    {
+        let mut state = shared.state.write().unwrap_or_else(|p| p.into_inner());
+        *state = new_state;
+        shared.metrics.locks_held.set(state.lock_count() as i64);
+        shared.metrics.waiters.set(state.waiter_count() as i64);
+        shared.observer.on_state_replaced(&state);
+    }
+    let mut applied = shared.applied.lock().unwrap_or_else(|p| p.into_inner());
+    *applied = (meta.last_log_id, meta.last_membership.clone());
+    tracing::info!(index = ?meta.last_log_id.as_ref().map(|l| l.index), "installed snapshot");
+    Ok(())
+}
