@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod exit;
 mod output;
 
 /// A distributed lock service with fencing tokens.
@@ -17,7 +18,7 @@ struct Cli {
     command: Command,
 
     /// Log filter (tracing env-filter syntax), e.g. `info` or `fencer=debug`.
-    #[arg(long, global = true, env = "FENCER_LOG", default_value = "info")]
+    #[arg(long, global = true, env = "FENCER_LOG", default_value = "info,openraft=warn")]
     log: String,
 
     /// Log format on stderr.
@@ -33,6 +34,24 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the embedded default: a single-node coordinator with a local data dir.
+    Dev(cmd::dev::DevArgs),
+    /// Run one node of a coordinator cluster.
+    Coordinator(cmd::coordinator::CoordinatorArgs),
+    /// Take a lock; prints the lease id and fencing token.
+    Acquire(cmd::lock::AcquireArgs),
+    /// Extend a lease by its ttl.
+    Renew(cmd::lock::LeaseArgs),
+    /// Give a lock up.
+    Release(cmd::lock::LeaseArgs),
+    /// Show one lock: holder, token, waiters, remaining ttl.
+    Get(cmd::lock::GetArgs),
+    /// List held locks.
+    List(cmd::lock::ListArgs),
+    /// Cluster status: members, leader, term, indexes, health.
+    Status(cmd::status::StatusArgs),
+    /// Free a lock whoever holds it (operator action, audited).
+    ForceRelease(cmd::lock::ForceReleaseArgs),
     /// Sidecar proxy: fence writes in front of a database (DESIGN §4).
     Proxy(cmd::proxy::ProxyArgs),
     /// Show the proxy's rejected-write log.
@@ -53,6 +72,15 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
+            Command::Dev(args) => cmd::dev::run(args).await,
+            Command::Coordinator(args) => cmd::coordinator::run(args).await,
+            Command::Acquire(args) => cmd::lock::acquire(args).await,
+            Command::Renew(args) => cmd::lock::renew(args).await,
+            Command::Release(args) => cmd::lock::release(args).await,
+            Command::Get(args) => cmd::lock::get(args).await,
+            Command::List(args) => cmd::lock::list(args).await,
+            Command::Status(args) => cmd::status::run(args).await,
+            Command::ForceRelease(args) => cmd::lock::force_release(args).await,
             Command::Proxy(args) => cmd::proxy::run_proxy(args).await,
             Command::Rejections(args) => cmd::proxy::run_rejections(args).await,
             Command::ProxyStatus(args) => cmd::proxy::run_proxy_status(args).await,

@@ -208,8 +208,10 @@ async fn metrics_text(State(s): State<HttpState>) -> Response {
 async fn readyz(State(s): State<HttpState>) -> Response {
     let st = s.svc.status(&s.cluster_id);
     let limit = s.election_timeout.as_millis() as u64;
+    let voters = st.members.iter().filter(|m| m.role == "voter").count();
     let (ready, why) = match (st.leader_id, st.state) {
         (None, _) => (false, "no leader known".to_string()),
+        (Some(_), "leader") if voters == 1 => (true, "leader of a single-node cluster".to_string()),
         (Some(_), "leader") => match st.millis_since_quorum_ack {
             Some(ms) if ms <= limit => (true, format!("leader; quorum acknowledged {ms} ms ago")),
             Some(ms) => (false, format!("leader without a recent quorum (last ack {ms} ms ago)")),

@@ -1,0 +1,287 @@
+//! [`Client`]: endpoints, leader discovery and the calls of the lock API.
+//!
+//! Every call goes to the last node that answered as leader, else to the
+//! endpoints in order. NOT_LEADER with an address moves the call to that
+//! address; NOT_LEADER without one (an election is running) and transport
+//! failures move it to the next endpoint after a short pause. The number of
+//! attempts is bounded. Every operation of the API is safe to resend: Acquire
+//! carries a request id (generated here when the caller gives none, and kept
+//! across attempts), Renew and Release are idempotent.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use fencer_proto::v1::admin_client::AdminClient;
+use fencer_proto::v1::lock_client::LockClient;
+use fencer_proto::v1::{
+    AcquireRequest, AcquireResponse, ForceReleaseRequest, ForceReleaseResponse, GetLockRequest, GetLockResponse,
+    ListLocksRequest, ListLocksResponse, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, StatusRequest,
+    StatusResponse,
+};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{ClientError, Reason};
+
+/// The endpoint of `fencer dev`.
+pub const DEFAULT_ENDPOINT: &str = "127.0.0.1:7420";
+
+/// A fresh request id: 128 random bits as 32 hex digits.
+pub fn new_request_id() -> String {
+    let mut bytes = [0u8; 16];
+    // The OS CSPRNG failing is not recoverable in any useful way here; fall
+    // back to time-derived bits so the id is still unique in practice.
+    if getrandom::fill(&mut bytes).is_err() {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        bytes = t.to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Options of an acquire.
+#[derive(Debug, Clone, Default)]
+pub struct AcquireOptions {
+    /// The lock.
+    pub resource: String,
+    /// Lease length; `None` → the server default (30 s).
+    pub ttl: Option<Duration>,
+    /// How long to wait in the queue; zero → try once.
+    pub wait: Duration,
+    /// Free-text identity for humans and the audit log.
+    pub holder: String,
+    /// The attempt's id; `None` → generated, and kept across retries.
+    pub request_id: Option<String>,
+}
+
+impl AcquireOptions {
+    /// Try once to take `resource` with the default ttl.
+    pub fn new(resource: impl Into<String>) -> Self {
+        Self { resource: resource.into(), ..Self::default() }
+    }
+}
+
+/// A connection to a fencer cluster.
+pub struct Client {
+    endpoints: Vec<String>,
+    state: Mutex<State>,
+    call_timeout: Duration,
+    max_attempts: usize,
+}
+
+#[derive(Default)]
+struct State {
+    channels: HashMap<String, Channel>,
+    leader: Option<String>,
+}
+
+impl Client {
+    /// A client of the cluster reachable at `endpoints` (`host:port`).
+    pub fn new<I, S>(endpoints: I) -> Result<Self, ClientError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let endpoints: Vec<String> =
+            endpoints.into_iter().map(Into::into).map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
+        if endpoints.is_empty() {
+            return Err(ClientError::Config("no endpoints given".into()));
+        }
+        for e in &endpoints {
+            endpoint(e)?;
+        }
+        let max_attempts = 3 * endpoints.len() + 3;
+        Ok(Self { endpoints, state: Mutex::new(State::default()), call_timeout: Duration::from_secs(10), max_attempts })
+    }
+
+    /// Sets the time one attempt may take beyond any requested wait.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// The configured endpoints.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel, ClientError> {
+        let mut state = self.state();
+        if let Some(c) = state.channels.get(addr) {
+            return Ok(c.clone());
+        }
+        let c = endpoint(addr)?.connect_lazy();
+        state.channels.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+
+    /// Runs `op` against the leader, following hints, within bounded attempts.
+    async fn route<T, F, Fut>(&self, extra: Duration, op: F) -> Result<T, ClientError>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut next_endpoint = 0usize;
+        let mut target = self.state().leader.clone();
+        let mut last =
+            ClientError::Unavailable { reason: None, message: "no endpoint tried".into(), metadata: HashMap::new() };
+        for attempt in 0..self.max_attempts {
+            let addr = match target.take() {
+                Some(a) => a,
+                None => {
+                    let a = self.endpoints[next_endpoint % self.endpoints.len()].clone();
+                    next_endpoint += 1;
+                    a
+                }
+            };
+            let channel = self.channel(&addr)?;
+            let result = tokio::time::timeout(self.call_timeout + extra, op(channel)).await;
+            let err = match result {
+                Ok(Ok(resp)) => {
+                    self.state().leader = Some(addr);
+                    return Ok(resp.into_inner());
+                }
+                Ok(Err(status)) => ClientError::from_status(&status),
+                Err(_) => ClientError::Unavailable {
+                    reason: None,
+                    message: format!("{addr} did not answer within {:?}", self.call_timeout + extra),
+                    metadata: HashMap::new(),
+                },
+            };
+            match &err {
+                ClientError::Refused { .. } => return Err(err),
+                ClientError::Unavailable { reason: Some(Reason::NotLeader), .. } => {
+                    let hint = leader_hint(&err);
+                    self.state().leader = hint.clone();
+                    if hint.is_none() || hint.as_deref() == Some(addr.as_str()) {
+                        tokio::time::sleep(backoff(attempt)).await;
+                    } else {
+                        target = hint;
+                    }
+                }
+                ClientError::Unavailable { reason: Some(Reason::OutcomeUnknown | Reason::LeaderChanged), .. } => {
+                    // The server could not tell; the caller decides (same request id).
+                    return Err(err);
+                }
+                ClientError::Unavailable { .. } => {
+                    self.state().leader = None;
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                ClientError::Config(_) => return Err(err),
+            }
+            last = err;
+        }
+        Err(last)
+    }
+
+    /// Takes a lock. The request id is generated when not given and reused on
+    /// every internal retry, so a retry never creates a second lease (I7).
+    pub async fn acquire(&self, opts: AcquireOptions) -> Result<AcquireResponse, ClientError> {
+        let req = AcquireRequest {
+            resource: opts.resource,
+            request_id: opts.request_id.unwrap_or_else(new_request_id),
+            ttl_ms: opts.ttl.map_or(0, |t| t.as_millis() as u64),
+            wait_timeout_ms: opts.wait.as_millis() as u64,
+            holder: opts.holder,
+        };
+        self.route(opts.wait, |c| {
+            let req = req.clone();
+            async move { LockClient::new(c).acquire(req).await }
+        })
+        .await
+    }
+
+    /// Renews a lease.
+    pub async fn renew(&self, resource: &str, lease_id: &str) -> Result<RenewResponse, ClientError> {
+        let req = RenewRequest { resource: resource.into(), lease_id: lease_id.into() };
+        self.route(Duration::ZERO, |c| {
+            let req = req.clone();
+            async move { LockClient::new(c).renew(req).await }
+        })
+        .await
+    }
+
+    /// Releases a lease.
+    pub async fn release(&self, resource: &str, lease_id: &str) -> Result<ReleaseResponse, ClientError> {
+        let req = ReleaseRequest { resource: resource.into(), lease_id: lease_id.into() };
+        self.route(Duration::ZERO, |c| {
+            let req = req.clone();
+            async move { LockClient::new(c).release(req).await }
+        })
+        .await
+    }
+
+    /// A linearizable view of one lock.
+    pub async fn get(&self, resource: &str) -> Result<GetLockResponse, ClientError> {
+        let req = GetLockRequest { resource: resource.into() };
+        self.route(Duration::ZERO, |c| {
+            let req = req.clone();
+            async move { LockClient::new(c).get_lock(req).await }
+        })
+        .await
+    }
+
+    /// One page of held locks under `prefix`.
+    pub async fn list(&self, prefix: &str, page_size: u32, page_token: &str) -> Result<ListLocksResponse, ClientError> {
+        let req = ListLocksRequest { prefix: prefix.into(), page_size, page_token: page_token.into() };
+        self.route(Duration::ZERO, |c| {
+            let req = req.clone();
+            async move { LockClient::new(c).list_locks(req).await }
+        })
+        .await
+    }
+
+    /// Frees a lock whoever holds it (operator action, audited).
+    pub async fn force_release(
+        &self,
+        resource: &str,
+        caller: &str,
+        reason: &str,
+    ) -> Result<ForceReleaseResponse, ClientError> {
+        let req = ForceReleaseRequest { resource: resource.into(), caller: caller.into(), reason: reason.into() };
+        self.route(Duration::ZERO, |c| {
+            let req = req.clone();
+            async move { AdminClient::new(c).force_release(req).await }
+        })
+        .await
+    }
+
+    /// The status of one node, asked directly (no leader routing).
+    pub async fn node_status(&self, addr: &str) -> Result<StatusResponse, ClientError> {
+        let channel = self.channel(addr)?;
+        match tokio::time::timeout(self.call_timeout, AdminClient::new(channel).status(StatusRequest {})).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => Err(ClientError::from_status(&status)),
+            Err(_) => Err(ClientError::Unavailable {
+                reason: None,
+                message: format!("{addr} did not answer"),
+                metadata: HashMap::new(),
+            }),
+        }
+    }
+}
+
+fn leader_hint(err: &ClientError) -> Option<String> {
+    match err {
+        ClientError::Unavailable { metadata, .. } => metadata.get("leader_addr").cloned(),
+        _ => None,
+    }
+}
+
+fn backoff(attempt: usize) -> Duration {
+    Duration::from_millis((50u64 << attempt.min(5)).min(1_000))
+}
+
+fn endpoint(addr: &str) -> Result<Endpoint, ClientError> {
+    let uri = if addr.starts_with("http://") || addr.starts_with("https://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    Endpoint::from_shared(uri)
+        .map(|e| e.connect_timeout(Duration::from_secs(2)).tcp_nodelay(true))
+        .map_err(|e| ClientError::Config(format!("bad endpoint {addr:?}: {e}")))
+}

@@ -1,0 +1,293 @@
+//! `fencer acquire | renew | release | get | list | force-release`: the lock
+//! API from the command line. Data goes to stdout (a table, or one JSON object
+//! with `-o json`); errors go to stderr (and, with `-o json`, also as a JSON
+//! error object on stdout). Exit codes are in `exit`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use fencer_client::{AcquireOptions, Client, ClientError, GetLockResponse};
+use serde_json::{Value, json};
+
+use super::parse_duration;
+use crate::exit;
+use crate::output::{OutputFormat, print_json, print_table};
+
+/// Flags every client command takes.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ClientArgs {
+    /// Coordinator endpoints, `host:port[,host:port…]`; any node will do.
+    #[arg(long, env = "FENCER_ENDPOINTS", value_delimiter = ',', default_value = fencer_client::DEFAULT_ENDPOINT, global = true)]
+    pub(crate) endpoints: Vec<String>,
+
+    /// Output format.
+    #[arg(short = 'o', long = "output", env = "FENCER_OUTPUT", value_enum, default_value_t = OutputFormat::Table, global = true)]
+    pub(crate) output: OutputFormat,
+}
+
+impl ClientArgs {
+    pub(crate) fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::new(self.endpoints.clone())?)
+    }
+}
+
+/// Prints a client error (stderr; and stdout as JSON with `-o json`) and
+/// returns its exit code.
+pub(crate) fn fail(output: OutputFormat, e: &ClientError) -> ExitCode {
+    let (reason, metadata) = match e {
+        ClientError::Refused { reason, metadata, .. } => (reason.as_str().to_string(), metadata.clone()),
+        ClientError::Unavailable { reason, metadata, .. } => {
+            (reason.as_ref().map_or("UNAVAILABLE", |r| r.as_str()).to_string(), metadata.clone())
+        }
+        ClientError::Config(_) => ("CONFIG".to_string(), Default::default()),
+    };
+    eprintln!("fencer: {e} ({reason})");
+    if output == OutputFormat::Json {
+        let _ = print_json(&json!({ "error": { "reason": reason, "message": e.to_string(), "metadata": metadata } }));
+    }
+    exit::for_error(e)
+}
+
+/// Prints `value` as JSON, or its fields as `key  value` lines.
+fn show(output: OutputFormat, value: &Value) -> anyhow::Result<()> {
+    match output {
+        OutputFormat::Json => print_json(value),
+        OutputFormat::Table => {
+            if let Value::Object(map) = value {
+                let rows: Vec<Vec<String>> = map
+                    .iter()
+                    .map(|(k, v)| vec![k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_string)])
+                    .collect();
+                for row in rows {
+                    println!("{:<20} {}", row[0], row[1]);
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Arguments of `fencer acquire`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct AcquireArgs {
+    /// The resource to lock, e.g. `orders/42`.
+    resource: String,
+    /// Lease length (`500ms`, `30s`, `5m`); the server's bounds apply.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    ttl: Duration,
+    /// Wait up to this long in the FIFO queue when the lock is held; 0 tries once.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    wait: Duration,
+    /// The attempt's request id (8–128 printable ASCII bytes); reuse it to retry
+    /// safely. Generated when absent.
+    #[arg(long)]
+    request_id: Option<String>,
+    /// Who holds the lock, for humans and the audit log (default: user@host/pid).
+    #[arg(long)]
+    holder: Option<String>,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+fn default_holder() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let host =
+        std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into());
+    format!("{user}@{host}/{}", std::process::id())
+}
+
+pub(crate) async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
+    let client = args.client.client()?;
+    let opts = AcquireOptions {
+        resource: args.resource,
+        ttl: Some(args.ttl),
+        wait: args.wait,
+        holder: args.holder.unwrap_or_else(default_holder),
+        request_id: args.request_id,
+    };
+    match client.acquire(opts).await {
+        Ok(r) => {
+            show(
+                args.client.output,
+                &json!({
+                    "resource": r.resource,
+                    "lease_id": r.lease_id,
+                    "fencing_token": r.fencing_token,
+                    "ttl_ms": r.ttl_ms,
+                    "expires_at_unix_ms": r.expires_at_unix_ms,
+                    "waited": r.waited,
+                    "request_id": r.request_id,
+                }),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Ok(fail(args.client.output, &e)),
+    }
+}
+
+/// Arguments of `fencer renew` and `fencer release`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct LeaseArgs {
+    /// The locked resource.
+    resource: String,
+    /// The lease id printed by `fencer acquire`.
+    #[arg(long, env = "FENCER_LEASE_ID")]
+    lease: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+pub(crate) async fn renew(args: LeaseArgs) -> anyhow::Result<ExitCode> {
+    let client = args.client.client()?;
+    match client.renew(&args.resource, &args.lease).await {
+        Ok(r) => {
+            show(
+                args.client.output,
+                &json!({ "resource": args.resource, "fencing_token": r.fencing_token, "ttl_ms": r.ttl_ms, "expires_at_unix_ms": r.expires_at_unix_ms }),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Ok(fail(args.client.output, &e)),
+    }
+}
+
+pub(crate) async fn release(args: LeaseArgs) -> anyhow::Result<ExitCode> {
+    let client = args.client.client()?;
+    match client.release(&args.resource, &args.lease).await {
+        Ok(r) => {
+            show(
+                args.client.output,
+                &json!({ "resource": args.resource, "released": r.released, "was_holder": r.was_holder }),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Ok(fail(args.client.output, &e)),
+    }
+}
+
+/// Arguments of `fencer get`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct GetArgs {
+    /// The resource.
+    resource: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+fn lock_json(l: &GetLockResponse) -> Value {
+    json!({
+        "resource": l.resource,
+        "held": l.held,
+        "holder": l.holder,
+        "fencing_token": l.fencing_token,
+        "waiters": l.waiters,
+        "remaining_ttl_ms": l.remaining_ttl_ms,
+        "ttl_ms": l.ttl_ms,
+    })
+}
+
+pub(crate) async fn get(args: GetArgs) -> anyhow::Result<ExitCode> {
+    let client = args.client.client()?;
+    match client.get(&args.resource).await {
+        Ok(l) => {
+            show(args.client.output, &lock_json(&l))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Ok(fail(args.client.output, &e)),
+    }
+}
+
+/// Arguments of `fencer list`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ListArgs {
+    /// Only resources whose name starts with this.
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// Locks per page (at most 1000).
+    #[arg(long, default_value_t = 100)]
+    page_size: u32,
+    /// Continue after this page token.
+    #[arg(long, default_value = "")]
+    page_token: String,
+    /// Follow every page (bounded by --max-locks).
+    #[arg(long)]
+    all: bool,
+    /// With --all, stop after this many locks.
+    #[arg(long, default_value_t = 100_000)]
+    max_locks: usize,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+pub(crate) async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
+    let client = args.client.client()?;
+    let mut locks = Vec::new();
+    let mut token = args.page_token.clone();
+    loop {
+        match client.list(&args.prefix, args.page_size, &token).await {
+            Ok(page) => {
+                locks.extend(page.locks);
+                token = page.next_page_token;
+            }
+            Err(e) => return Ok(fail(args.client.output, &e)),
+        }
+        if !args.all || token.is_empty() || locks.len() >= args.max_locks {
+            break;
+        }
+    }
+    match args.client.output {
+        OutputFormat::Json => print_json(&json!({
+            "locks": locks.iter().map(lock_json).collect::<Vec<_>>(),
+            "next_page_token": token,
+        }))?,
+        OutputFormat::Table => {
+            let rows: Vec<Vec<String>> = locks
+                .iter()
+                .map(|l| {
+                    vec![
+                        l.resource.clone(),
+                        l.fencing_token.to_string(),
+                        l.holder.clone(),
+                        l.waiters.to_string(),
+                        format!("{:.1}s", l.remaining_ttl_ms as f64 / 1000.0),
+                    ]
+                })
+                .collect();
+            print_table(&["RESOURCE", "TOKEN", "HOLDER", "WAITERS", "REMAINING"], &rows);
+            if !token.is_empty() {
+                eprintln!("more: --page-token {token}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Arguments of `fencer force-release`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ForceReleaseArgs {
+    /// The resource to free, whoever holds it.
+    resource: String,
+    /// Why (recorded in the server's log and audit trail).
+    #[arg(long)]
+    reason: String,
+    /// Who asks (default: $USER).
+    #[arg(long)]
+    caller: Option<String>,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+pub(crate) async fn force_release(args: ForceReleaseArgs) -> anyhow::Result<ExitCode> {
+    let client = args.client.client()?;
+    let caller = args.caller.unwrap_or_else(|| std::env::var("USER").unwrap_or_else(|_| "unknown".into()));
+    match client.force_release(&args.resource, &caller, &args.reason).await {
+        Ok(r) => {
+            show(
+                args.client.output,
+                &json!({ "resource": args.resource, "released": r.released, "released_token": r.released_token, "log_index": r.log_index }),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Ok(fail(args.client.output, &e)),
+    }
+}
