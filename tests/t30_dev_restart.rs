@@ -23,9 +23,9 @@ fn t30_kill_9_and_restart_keeps_locks_and_tokens_grow() {
         leases.push(v["lease_id"].as_str().unwrap().to_string());
     }
     // Release a few so the state is not just grants.
-    for i in 0..5 {
+    for (i, lease) in leases.iter().enumerate().take(5) {
         let (code, v) =
-            run_json(&["release", &format!("restart/{i}"), "--lease", &leases[i], "--endpoints", &ep, "-o", "json"]);
+            run_json(&["release", &format!("restart/{i}"), "--lease", lease, "--endpoints", &ep, "-o", "json"]);
         assert_eq!((code, v["was_holder"].as_bool()), (0, Some(true)));
     }
     let max_before = *tokens.iter().max().unwrap();
