@@ -26,6 +26,8 @@ const REJECTIONS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("reject
 
 const META_FLOOR: &str = "floor";
 const META_FORMAT: &str = "format_version";
+/// 1 after a graceful close, 0 while a process has the store open.
+const META_CLEAN: &str = "clean_shutdown";
 const FORMAT_VERSION: u64 = 1;
 
 /// File names inside the data directory.
@@ -106,6 +108,13 @@ fn db_err(e: impl Into<redb::Error>) -> Box<redb::Error> {
     Box::new(e.into())
 }
 
+fn set_meta(db: &Database, key: &str, value: u64) -> Result<(), Box<redb::Error>> {
+    let mut wtx = db.begin_write().map_err(db_err)?;
+    wtx.set_durability(Durability::Immediate).map_err(db_err)?;
+    wtx.open_table(META).map_err(db_err)?.insert(key, value).map_err(db_err)?;
+    wtx.commit().map_err(db_err)
+}
+
 /// What the store held when it was opened.
 #[derive(Debug, Clone)]
 pub struct StoreSnapshot {
@@ -113,13 +122,17 @@ pub struct StoreSnapshot {
     pub epochs: Vec<(ResourceName, u64)>,
     /// The floor: the epoch of every resource not in `epochs` (P10).
     pub floor: u64,
+    /// Whether the previous process closed the store gracefully. When it did
+    /// not (kill -9, crash, power loss), writes it had in flight may still
+    /// be applied upstream.
+    pub clean_shutdown: bool,
 }
 
 enum Command {
     Raise { resource: String, epoch: u64, audit: Option<Vec<u8>>, reply: oneshot::Sender<Result<u64, StoreError>> },
     Audit { line: Vec<u8>, reply: oneshot::Sender<Result<(), StoreError>> },
     FlushRejections,
-    Close { reply: oneshot::Sender<()> },
+    Close { clean: bool, reply: oneshot::Sender<()> },
 }
 
 struct Pending {
@@ -167,14 +180,15 @@ impl EpochStore {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let db = Database::create(&path).map_err(|e| dbe(e.into()))?;
 
-        let (stored_floor, format) = {
+        let (stored_floor, format, clean) = {
             let rtx = db.begin_read().map_err(|e| dbe(e.into()))?;
             match rtx.open_table(META) {
                 Ok(t) => (
                     t.get(META_FLOOR).map_err(|e| dbe(e.into()))?.map(|v| v.value()),
                     t.get(META_FORMAT).map_err(|e| dbe(e.into()))?.map(|v| v.value()),
+                    t.get(META_CLEAN).map_err(|e| dbe(e.into()))?.is_none_or(|v| v.value() == 1),
                 ),
-                Err(redb::TableError::TableDoesNotExist(_)) => (None, None),
+                Err(redb::TableError::TableDoesNotExist(_)) => (None, None, true),
                 Err(e) => return Err(dbe(e.into())),
             }
         };
@@ -207,6 +221,9 @@ impl EpochStore {
                 f
             }
         };
+
+        // From now on a crash is an unclean stop.
+        set_meta(&db, META_CLEAN, 0).map_err(|e| OpenError::Database { path: path.clone(), source: e })?;
 
         let (epochs, rejection_count, next_seq) = {
             let rtx = db.begin_read().map_err(|e| dbe(e.into()))?;
@@ -246,7 +263,7 @@ impl EpochStore {
             .name("fencer-epoch-store".into())
             .spawn(move || writer.run(rx))
             .map_err(io(dir))?;
-        Ok((Self { tx, db, pending, table_max: rejection_table_max }, StoreSnapshot { epochs, floor }))
+        Ok((Self { tx, db, pending, table_max: rejection_table_max }, StoreSnapshot { epochs, floor, clean_shutdown: clean }))
     }
 
     /// Durably raises `resource`'s stored epoch to at least `epoch` and
@@ -330,11 +347,14 @@ impl EpochStore {
             .map_err(|_| StoreError::Closed)?
     }
 
-    /// Flushes queued rejections and stops the writer thread. The file is
-    /// released once every clone of this handle is dropped too.
-    pub async fn close(&self) {
+    /// Flushes queued rejections and stops the writer thread. `clean`
+    /// records that nothing this process forwarded can still land upstream;
+    /// otherwise the next start treats every resource as indeterminate until
+    /// the quarantine passes. The file is released once every clone of this
+    /// handle is dropped too.
+    pub async fn close(&self, clean: bool) {
         let (reply, rx) = oneshot::channel();
-        if self.tx.send(Command::Close { reply }).is_ok() {
+        if self.tx.send(Command::Close { clean, reply }).is_ok() {
             let _ = rx.await;
         }
     }
@@ -372,7 +392,7 @@ impl Writer {
                     Command::Raise { resource, epoch, audit, reply } => raises.push((resource, epoch, audit, reply)),
                     Command::Audit { line, reply } => audits.push((line, reply)),
                     Command::FlushRejections => {}
-                    Command::Close { reply } => close_reply = Some(reply),
+                    Command::Close { clean, reply } => close_reply = Some((clean, reply)),
                 }
             }
             self.commit(raises);
@@ -383,8 +403,13 @@ impl Writer {
         // Closing or every handle dropped: keep what is queued, and let go
         // of the database before saying we are done.
         self.commit(Vec::new());
+        if let Some((true, _)) = &close_reply {
+            if let Err(e) = set_meta(&self.db, META_CLEAN, 1) {
+                tracing::error!(error = %e, "cannot mark the epoch store closed cleanly");
+            }
+        }
         drop(self);
-        if let Some(reply) = close_reply {
+        if let Some((_, reply)) = close_reply {
             let _ = reply.send(());
         }
     }
@@ -519,12 +544,12 @@ mod tests {
             assert_eq!(snap.floor, 5);
             assert_eq!(store.raise(&r, 42).await.unwrap(), 42);
             assert_eq!(store.raise(&r, 41).await.unwrap(), 42, "P8: a lower raise keeps the stored epoch");
-            store.close().await;
+            store.close(true).await;
         }
         let (store, snap) = EpochStore::open(dir.path(), Some(3), 10).unwrap();
         assert_eq!(snap.floor, 5, "a lower --floor is ignored");
         assert_eq!(snap.epochs, vec![(r, 42)]);
-        store.close().await;
+        store.close(true).await;
         drop(store);
         let (_, snap) = EpochStore::open(dir.path(), None, 10).unwrap();
         assert_eq!(snap.floor, 5);
@@ -537,7 +562,7 @@ mod tests {
         for i in 0..5 {
             assert!(store.log_rejection(record(&format!("r{i}"))));
         }
-        store.close().await;
+        store.close(true).await;
         drop(store);
         let (store, _) = EpochStore::open(dir.path(), None, 3).unwrap();
         let page = store.rejections(None, 2).await.unwrap();
@@ -551,7 +576,7 @@ mod tests {
         assert_eq!(lines.lines().count(), 5, "the JSON-lines log keeps everything");
         // New records continue the sequence after a reopen.
         assert!(store.log_rejection(record("r5")));
-        store.close().await;
+        store.close(true).await;
         drop(store);
         let (store, _) = EpochStore::open(dir.path(), None, 3).unwrap();
         assert_eq!(store.rejections(None, 1).await.unwrap().rejections[0].seq, 6);
