@@ -155,7 +155,7 @@ async fn resources(State(s): State<AdminState>, Query(q): Query<ResourcesQuery>)
         let status = match resources.get(&name) {
             Some(state) => resources.status(&state),
             // Never written through this proxy: its epoch is the floor.
-            None => ResourceStatus { resource: name.to_string(), epoch: resources.floor(), in_flight: 0, indeterminate: None },
+            None => ResourceStatus { resource: name.to_string(), epoch: resources.floor(), in_flight: 0, waiting: 0, indeterminate: None },
         };
         return Ok(Json(ResourcesPage { floor: resources.floor(), resources: vec![status], next_after: None }));
     }
@@ -185,7 +185,7 @@ async fn raise_epoch(
     let shared = &s.shared;
     let state = shared.resources.get_or_create(&name).map_err(|e| AdminError::Unavailable(e.to_string()))?;
     // Like a higher token: wait for writes in flight, then move E.
-    let _exclusive = state.guard.clone().write_owned().await;
+    let _exclusive = state.exclusive().await;
     let current = state.epoch();
     if req.epoch < current {
         return Err(AdminError::WouldLower(format!(

@@ -401,7 +401,7 @@ impl Fence {
         // lower-token write in flight to finish. The guard is FIFO-fair, so
         // old-token writes arriving later queue behind it.
         let waiting = clock::now();
-        let exclusive = state.guard.clone().write_owned().await;
+        let exclusive = state.exclusive().await;
         shared.metrics.drain_wait.observe((clock::now() - waiting).as_secs_f64());
         let epoch = state.epoch();
         if t < epoch {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -46,6 +46,8 @@ pub(crate) struct ResourceState {
     /// holder (P3).
     pub(crate) guard: Arc<RwLock<()>>,
     in_flight: AtomicU64,
+    /// Higher tokens (and admin raises) waiting for the exclusive guard.
+    waiting_exclusive: AtomicU64,
     indeterminate: Mutex<Option<Indeterminate>>,
     /// Whether the store has a row for this resource. Until it does, even a
     /// token equal to the floor is persisted before it is forwarded, so an
@@ -74,6 +76,7 @@ impl ResourceState {
             epoch: AtomicU64::new(epoch),
             guard: Arc::new(RwLock::new(())),
             in_flight: AtomicU64::new(0),
+            waiting_exclusive: AtomicU64::new(0),
             indeterminate: Mutex::new(indeterminate),
             persisted: std::sync::atomic::AtomicBool::new(persisted),
         }
@@ -103,6 +106,20 @@ impl ResourceState {
     pub(crate) fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Acquire)
     }
+
+    /// Takes the exclusive guard: waits for every shared holder to finish.
+    /// Waiters are counted (and uncounted if the caller goes away).
+    pub(crate) async fn exclusive(&self) -> OwnedRwLockWriteGuard<()> {
+        struct Waiting<'a>(&'a AtomicU64);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.waiting_exclusive.fetch_add(1, Ordering::AcqRel);
+        let _waiting = Waiting(&self.waiting_exclusive);
+        self.guard.clone().write_owned().await
+    }
 }
 
 /// What the admin API shows about an indeterminate resource.
@@ -127,6 +144,8 @@ pub struct ResourceStatus {
     pub epoch: u64,
     /// Fenced writes in flight (admitted, response not finished).
     pub in_flight: u64,
+    /// Higher tokens waiting for those writes to drain (P3).
+    pub waiting: u64,
     /// Set while the resource is indeterminate (P4).
     pub indeterminate: Option<IndeterminateStatus>,
 }
@@ -249,6 +268,7 @@ impl Resources {
             resource: state.name.to_string(),
             epoch: state.epoch(),
             in_flight: state.in_flight(),
+            waiting: state.waiting_exclusive.load(Ordering::Acquire),
             indeterminate: self.indeterminate(state).map(|(status, _)| status),
         }
     }
