@@ -2,7 +2,10 @@
 //! no system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/fencer/v1/lock.proto", "proto/fencer/raft/v1/raft.proto"];
+    let files = [
+        "proto/fencer/v1/lock.proto",
+        "proto/fencer/raft/v1/raft.proto",
+    ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -44,7 +44,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(&cli.log, cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fencer: cannot start the async runtime: {e}");
@@ -73,7 +76,9 @@ fn init_tracing(filter: &str, format: LogFormat) {
         eprintln!("fencer: bad --log filter {filter:?} ({e}); using `info`");
         EnvFilter::new("info")
     });
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

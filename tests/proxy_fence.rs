@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use fencer_proxy::testing::{Method, Status, TestClient, TestUpstream};
-use fencer_proxy::{AdminClient, ClearIndeterminateRequest, ProxyConfig, ProxyHandle, RaiseEpochRequest, RejectReason};
+use fencer_proxy::{
+    AdminClient, ClearIndeterminateRequest, ProxyConfig, ProxyHandle, RaiseEpochRequest,
+    RejectReason,
+};
 
 /// Generous bound for anything that should happen "soon" on a noisy machine.
 const SOON: Duration = Duration::from_secs(20);
@@ -67,7 +70,13 @@ resource = "main"
         let config = ProxyConfig::from_toml_str(&text).unwrap();
         let proxy = fencer_proxy::start(config, Some(floor)).await.unwrap();
         let admin = AdminClient::new(&proxy.admin_addr().to_string(), SOON).unwrap();
-        Self { upstream, proxy: Some(proxy), client: TestClient::new(), admin, dir }
+        Self {
+            upstream,
+            proxy: Some(proxy),
+            client: TestClient::new(),
+            admin,
+            dir,
+        }
     }
 
     fn addr(&self) -> std::net::SocketAddr {
@@ -93,24 +102,73 @@ resource = "main"
 #[tokio::test]
 async fn t10_hidden_write_in_get_needs_a_token() {
     let h = Harness::start("", 0).await;
-    let drop_db = h.client.send(h.addr(), Method::GET, "/query?db=metrics&q=DROP+DATABASE+metrics", &[], "").await.unwrap();
-    assert_eq!(drop_db.status, Status::PRECONDITION_REQUIRED, "{:?}", drop_db.body);
+    let drop_db = h
+        .client
+        .send(
+            h.addr(),
+            Method::GET,
+            "/query?db=metrics&q=DROP+DATABASE+metrics",
+            &[],
+            "",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        drop_db.status,
+        Status::PRECONDITION_REQUIRED,
+        "{:?}",
+        drop_db.body
+    );
     assert_eq!(drop_db.json()["type"], "urn:fencer:proxy:missing-token");
-    assert!(h.upstream.events().is_empty(), "a write without a token reached the upstream: {:?}", h.upstream.events());
+    assert!(
+        h.upstream.events().is_empty(),
+        "a write without a token reached the upstream: {:?}",
+        h.upstream.events()
+    );
 
-    let show = h.client.send(h.addr(), Method::GET, "/query?q=SHOW+DATABASES", &[], "").await.unwrap();
+    let show = h
+        .client
+        .send(h.addr(), Method::GET, "/query?q=SHOW+DATABASES", &[], "")
+        .await
+        .unwrap();
     assert_eq!(show.status, Status::OK);
-    let ping = h.client.send(h.addr(), Method::GET, "/ping", &[], "").await.unwrap();
+    let ping = h
+        .client
+        .send(h.addr(), Method::GET, "/ping", &[], "")
+        .await
+        .unwrap();
     assert_eq!(ping.status, Status::OK);
     // A read route matches its method only: POST /ping is not a read.
-    let post_ping = h.client.send(h.addr(), Method::POST, "/ping", &[], "").await.unwrap();
+    let post_ping = h
+        .client
+        .send(h.addr(), Method::POST, "/ping", &[], "")
+        .await
+        .unwrap();
     assert_eq!(post_ping.status, Status::NOT_FOUND);
     // Default deny: an unknown path is refused, not forwarded.
-    let other = h.client.send(h.addr(), Method::GET, "/debug/vars", &[], "").await.unwrap();
+    let other = h
+        .client
+        .send(h.addr(), Method::GET, "/debug/vars", &[], "")
+        .await
+        .unwrap();
     assert_eq!(other.status, Status::NOT_FOUND);
-    assert_eq!(h.upstream.applied().len(), 2, "only the two reads were forwarded");
+    assert_eq!(
+        h.upstream.applied().len(),
+        2,
+        "only the two reads were forwarded"
+    );
     // Malformed tokens are 400, not forwarded.
-    let bad = h.client.send(h.addr(), Method::POST, "/write", &[("fencing-token", "4x2")], "").await.unwrap();
+    let bad = h
+        .client
+        .send(
+            h.addr(),
+            Method::POST,
+            "/write",
+            &[("fencing-token", "4x2")],
+            "",
+        )
+        .await
+        .unwrap();
     assert_eq!(bad.status, Status::BAD_REQUEST);
     assert_eq!(h.upstream.applied().len(), 2);
     h.stop().await;
@@ -123,7 +181,13 @@ async fn t11_resource_header_must_match_the_route() {
     let h = Harness::start("", 0).await;
     let wrong = h
         .client
-        .send(h.addr(), Method::POST, "/db/orders/rows", &[("fencing-token", "5"), ("fencing-resource", "db/users")], "")
+        .send(
+            h.addr(),
+            Method::POST,
+            "/db/orders/rows",
+            &[("fencing-token", "5"), ("fencing-resource", "db/users")],
+            "",
+        )
         .await
         .unwrap();
     assert_eq!(wrong.status, Status::BAD_REQUEST, "{:?}", wrong.body);
@@ -131,7 +195,13 @@ async fn t11_resource_header_must_match_the_route() {
     assert!(h.upstream.events().is_empty());
     let right = h
         .client
-        .send(h.addr(), Method::POST, "/db/orders/rows", &[("fencing-token", "5"), ("fencing-resource", "db/orders")], "")
+        .send(
+            h.addr(),
+            Method::POST,
+            "/db/orders/rows",
+            &[("fencing-token", "5"), ("fencing-resource", "db/orders")],
+            "",
+        )
         .await
         .unwrap();
     assert_eq!(right.status, Status::OK);
@@ -161,7 +231,11 @@ async fn t20_stale_token_is_refused_and_logged() {
     let mut found = None;
     for _ in 0..200 {
         let page = h.admin.rejections(None, 10).await.unwrap();
-        if let Some(r) = page.rejections.into_iter().find(|r| r.reason == RejectReason::StaleToken) {
+        if let Some(r) = page
+            .rejections
+            .into_iter()
+            .find(|r| r.reason == RejectReason::StaleToken)
+        {
             found = Some(r);
             break;
         }
@@ -173,7 +247,10 @@ async fn t20_stale_token_is_refused_and_logged() {
     assert_eq!(r.route.as_deref(), Some("/db/{name}/*"));
     assert_eq!(r.method, "POST");
     assert!(r.caller.starts_with("127.0.0.1:"), "{}", r.caller);
-    assert!(!serde_json::to_string(&r).unwrap().contains("rows/17"), "the raw path must not be logged");
+    assert!(
+        !serde_json::to_string(&r).unwrap().contains("rows/17"),
+        "the raw path must not be logged"
+    );
     h.stop().await;
 }
 
@@ -189,13 +266,23 @@ async fn t30_higher_token_waits_for_lower_in_flight() {
     h.upstream.hold(41);
     let (client, addr) = (h.client.clone(), h.addr());
     let a = tokio::spawn(async move { client.write(addr, "/write", 41).await.unwrap() });
-    assert!(h.upstream.wait_arrived(41, SOON).await, "A never reached the upstream");
+    assert!(
+        h.upstream.wait_arrived(41, SOON).await,
+        "A never reached the upstream"
+    );
 
     let (client, addr) = (h.client.clone(), h.addr());
     let b = tokio::spawn(async move { client.write(addr, "/write", 42).await.unwrap() });
     // Give a broken fence every chance to let B through while A is held.
-    let leaked = h.upstream.wait_arrived(42, Duration::from_millis(700)).await;
-    assert!(!leaked, "B(42) reached the upstream while A(41) was still in flight: {:?}", h.upstream.events());
+    let leaked = h
+        .upstream
+        .wait_arrived(42, Duration::from_millis(700))
+        .await;
+    assert!(
+        !leaked,
+        "B(42) reached the upstream while A(41) was still in flight: {:?}",
+        h.upstream.events()
+    );
     assert!(!b.is_finished(), "B must wait for A");
 
     h.upstream.release(41);
@@ -217,12 +304,18 @@ async fn t31_equal_tokens_proceed_concurrently() {
     let mut tasks = Vec::new();
     for _ in 0..2 {
         let (client, addr) = (h.client.clone(), h.addr());
-        tasks.push(tokio::spawn(async move { client.write(addr, "/write", 7).await.unwrap() }));
+        tasks.push(tokio::spawn(async move {
+            client.write(addr, "/write", 7).await.unwrap()
+        }));
     }
     // 1 earlier arrival + 2 held at the gate together.
     let both = h.upstream.wait_arrivals(7, 3, SOON).await;
     h.upstream.release(7);
-    assert!(both, "equal-token writes did not run concurrently: {:?}", h.upstream.events());
+    assert!(
+        both,
+        "equal-token writes did not run concurrently: {:?}",
+        h.upstream.events()
+    );
     for t in tasks {
         assert_eq!(t.await.unwrap().status, Status::OK);
     }
@@ -258,11 +351,20 @@ async fn t32_old_token_flood_does_not_starve_the_new_token() {
     let mut flood = Vec::new();
     for _ in 0..FLOOD {
         let (client, addr) = (h.client.clone(), h.addr());
-        flood.push(tokio::spawn(async move { client.write(addr, "/write", 41).await.unwrap() }));
+        flood.push(tokio::spawn(async move {
+            client.write(addr, "/write", 41).await.unwrap()
+        }));
     }
     // Give an unfair guard every chance to let the flood in ahead of B.
-    let overtook = h.upstream.wait_arrivals(41, 2, Duration::from_millis(700)).await;
-    assert!(!overtook, "old-token writes overtook the waiting new token: {} arrived", h.upstream.arrivals(41));
+    let overtook = h
+        .upstream
+        .wait_arrivals(41, 2, Duration::from_millis(700))
+        .await;
+    assert!(
+        !overtook,
+        "old-token writes overtook the waiting new token: {} arrived",
+        h.upstream.arrivals(41)
+    );
 
     h.upstream.release(41);
     assert_eq!(a.await.unwrap().status, Status::OK);
@@ -285,7 +387,9 @@ async fn t33_a_slow_resource_never_blocks_another() {
     assert!(h.upstream.wait_arrived(41, SOON).await);
     let (client, addr) = (h.client.clone(), h.addr());
     let a2 = tokio::spawn(async move { client.write(addr, "/db/a/x", 42).await.unwrap() });
-    let b = tokio::time::timeout(SOON, h.write("/db/b/x", 43)).await.expect("db/b is not blocked by db/a");
+    let b = tokio::time::timeout(SOON, h.write("/db/b/x", 43))
+        .await
+        .expect("db/b is not blocked by db/a");
     assert_eq!(b.status, Status::OK);
     assert!(!a2.is_finished());
     h.upstream.release(41);
@@ -298,7 +402,14 @@ async fn t33_a_slow_resource_never_blocks_another() {
 
 async fn wait_indeterminate(admin: &AdminClient, resource: &str, want: bool) {
     for _ in 0..400 {
-        if admin.resource(resource).await.unwrap().indeterminate.is_some() == want {
+        if admin
+            .resource(resource)
+            .await
+            .unwrap()
+            .indeterminate
+            .is_some()
+            == want
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -315,16 +426,30 @@ async fn t40_unknown_outcome_then_quarantine() {
     assert_eq!(h.write("/write", 40).await.status, Status::OK);
     h.upstream.hang(41);
     let unknown = h.write("/write", 41).await;
-    assert_eq!(unknown.status, Status::GATEWAY_TIMEOUT, "{:?}", unknown.body);
+    assert_eq!(
+        unknown.status,
+        Status::GATEWAY_TIMEOUT,
+        "{:?}",
+        unknown.body
+    );
     assert_eq!(unknown.json()["type"], "urn:fencer:proxy:outcome-unknown");
-    assert_eq!(h.upstream.arrivals(41), 1, "an unknown outcome is never retried");
+    assert_eq!(
+        h.upstream.arrivals(41),
+        1,
+        "an unknown outcome is never retried"
+    );
     let status = h.admin.resource("main").await.unwrap();
     assert!(status.indeterminate.is_some(), "{status:?}");
 
     // The quarantine (3 s) only starts once the hung connection closed, and
     // the marker was checked just above, so 42 arrives inside it.
     let refused = h.write("/write", 42).await;
-    assert_eq!(refused.status, Status::SERVICE_UNAVAILABLE, "a higher token went through an indeterminate resource: {:?}", refused.body);
+    assert_eq!(
+        refused.status,
+        Status::SERVICE_UNAVAILABLE,
+        "a higher token went through an indeterminate resource: {:?}",
+        refused.body
+    );
     assert_eq!(refused.json()["type"], "urn:fencer:proxy:indeterminate");
     assert!(refused.headers.contains_key("retry-after"));
     assert!(!h.upstream.has_arrived(42));
@@ -340,16 +465,25 @@ async fn t41_operator_clears_indeterminate() {
     let h = Harness::start("response = \"300ms\"\nquarantine = \"1h\"", 0).await;
     h.upstream.hang(41);
     assert_eq!(h.write("/write", 41).await.status, Status::GATEWAY_TIMEOUT);
-    assert_eq!(h.write("/write", 42).await.status, Status::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        h.write("/write", 42).await.status,
+        Status::SERVICE_UNAVAILABLE
+    );
     let cleared = h
         .admin
-        .clear_indeterminate(&ClearIndeterminateRequest { resource: "main".into(), reason: "checked the db by hand".into() })
+        .clear_indeterminate(&ClearIndeterminateRequest {
+            resource: "main".into(),
+            reason: "checked the db by hand".into(),
+        })
         .await
         .unwrap();
     assert!(cleared.was_indeterminate);
     assert_eq!(h.write("/write", 42).await.status, Status::OK);
     let audit = std::fs::read_to_string(h.dir.path().join(fencer_proxy::AUDIT_LOG_FILE)).unwrap();
-    assert!(audit.contains("clear_indeterminate") && audit.contains("checked the db by hand"), "{audit}");
+    assert!(
+        audit.contains("clear_indeterminate") && audit.contains("checked the db by hand"),
+        "{audit}"
+    );
     h.stop().await;
 }
 
@@ -361,15 +495,36 @@ async fn t41_operator_clears_indeterminate() {
 async fn t50_raise_epoch_never_lowers() {
     let h = Harness::start("", 0).await;
     assert_eq!(h.write("/write", 10).await.status, Status::OK);
-    let raised = h.admin.raise_epoch(&RaiseEpochRequest { resource: "main".into(), epoch: 100, reason: "maintenance".into() }).await.unwrap();
+    let raised = h
+        .admin
+        .raise_epoch(&RaiseEpochRequest {
+            resource: "main".into(),
+            epoch: 100,
+            reason: "maintenance".into(),
+        })
+        .await
+        .unwrap();
     assert_eq!(raised.epoch, 100);
     assert_eq!(h.write("/write", 99).await.status, Status::CONFLICT);
-    let lower = h.admin.raise_epoch(&RaiseEpochRequest { resource: "main".into(), epoch: 50, reason: "oops".into() }).await;
-    assert!(matches!(lower, Err(fencer_proxy::AdminClientError::Status { status, .. }) if status == Status::CONFLICT), "{lower:?}");
+    let lower = h
+        .admin
+        .raise_epoch(&RaiseEpochRequest {
+            resource: "main".into(),
+            epoch: 50,
+            reason: "oops".into(),
+        })
+        .await;
+    assert!(
+        matches!(lower, Err(fencer_proxy::AdminClientError::Status { status, .. }) if status == Status::CONFLICT),
+        "{lower:?}"
+    );
     assert_eq!(h.admin.resource("main").await.unwrap().epoch, 100);
     assert_eq!(h.write("/write", 100).await.status, Status::OK);
     let audit = std::fs::read_to_string(h.dir.path().join(fencer_proxy::AUDIT_LOG_FILE)).unwrap();
-    assert!(audit.contains("\"raise_epoch\"") && audit.contains("maintenance"), "{audit}");
+    assert!(
+        audit.contains("\"raise_epoch\"") && audit.contains("maintenance"),
+        "{audit}"
+    );
     h.stop().await;
 }
 
@@ -379,7 +534,12 @@ async fn t50_raise_epoch_never_lowers() {
 async fn t51_token_jump_is_capped() {
     let h = Harness::start("", 5).await;
     let forged = h.write("/write", 5 + 1001).await;
-    assert_eq!(forged.status, Status::UNPROCESSABLE_ENTITY, "{:?}", forged.body);
+    assert_eq!(
+        forged.status,
+        Status::UNPROCESSABLE_ENTITY,
+        "{:?}",
+        forged.body
+    );
     assert!(h.upstream.events().is_empty());
     assert_eq!(h.write("/write", 5 + 1000).await.status, Status::OK);
     h.stop().await;
@@ -399,9 +559,15 @@ async fn t60_graceful_shutdown_lets_in_flight_requests_finish() {
     let stopping = tokio::spawn(proxy.shutdown());
     tokio::time::sleep(Duration::from_millis(200)).await;
     h.upstream.release(3);
-    let resp = a.await.unwrap().expect("the in-flight request got its answer");
+    let resp = a
+        .await
+        .unwrap()
+        .expect("the in-flight request got its answer");
     assert_eq!(resp.status, Status::OK);
-    tokio::time::timeout(SOON, stopping).await.expect("shutdown completes").unwrap();
+    tokio::time::timeout(SOON, stopping)
+        .await
+        .expect("shutdown completes")
+        .unwrap();
 }
 
 /// Bodies stream through intact in both directions (8 MiB up).
@@ -409,7 +575,17 @@ async fn t60_graceful_shutdown_lets_in_flight_requests_finish() {
 async fn t61_large_bodies_stream_through() {
     let h = Harness::start("", 0).await;
     let body = vec![b'x'; 8 << 20];
-    let resp = h.client.send(h.addr(), Method::POST, "/write", &[("fencing-token", "1")], body.clone()).await.unwrap();
+    let resp = h
+        .client
+        .send(
+            h.addr(),
+            Method::POST,
+            "/write",
+            &[("fencing-token", "1")],
+            body.clone(),
+        )
+        .await
+        .unwrap();
     assert_eq!(resp.status, Status::OK);
     assert_eq!(h.upstream.bodies(1)[0].len(), body.len());
     h.stop().await;

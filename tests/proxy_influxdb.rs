@@ -71,11 +71,32 @@ bind-address = "{influx_rpc}"
     )
     .unwrap();
     let influx_log = root.join("influxd.log");
-    let mut influxd = ChildGuard::spawn("influxd", Command::new(INFLUXD).arg("-config").arg(&influx_conf), &influx_log);
-    wait_http(influx_http, "/ping", Status::NO_CONTENT, &mut influxd, &influx_log, SOON).await;
+    let mut influxd = ChildGuard::spawn(
+        "influxd",
+        Command::new(INFLUXD).arg("-config").arg(&influx_conf),
+        &influx_log,
+    );
+    wait_http(
+        influx_http,
+        "/ping",
+        Status::NO_CONTENT,
+        &mut influxd,
+        &influx_log,
+        SOON,
+    )
+    .await;
 
     let client = TestClient::new();
-    let created = client.send(influx_http, Method::POST, &format!("/query?q=CREATE+DATABASE+{DB}"), &[], "").await.unwrap();
+    let created = client
+        .send(
+            influx_http,
+            Method::POST,
+            &format!("/query?q=CREATE+DATABASE+{DB}"),
+            &[],
+            "",
+        )
+        .await
+        .unwrap();
     assert_eq!(created.status, Status::OK, "{:?}", created.body);
 
     // The sidecar: reads allow-listed explicitly, everything else a write.
@@ -111,7 +132,9 @@ resource = "influx/{{db}}"
     .unwrap();
     let proxy_log = root.join("proxy.log");
     let mut cmd = Command::new(FENCER);
-    cmd.args(["proxy", "--config"]).arg(&proxy_conf).args(["--floor", "1"]);
+    cmd.args(["proxy", "--config"])
+        .arg(&proxy_conf)
+        .args(["--floor", "1"]);
     let mut proxy = ChildGuard::spawn("fencer proxy", &mut cmd, &proxy_log);
     wait_http(admin, "/readyz", Status::OK, &mut proxy, &proxy_log, SOON).await;
 
@@ -141,12 +164,27 @@ resource = "influx/{{db}}"
     assert_eq!(a.json()["current_epoch"], 42);
 
     // P5: a write hidden in a GET needs a token.
-    let hidden = client.send(listen, Method::GET, &format!("/query?db={DB}&q=DROP+DATABASE+{DB}"), &[], "").await.unwrap();
+    let hidden = client
+        .send(
+            listen,
+            Method::GET,
+            &format!("/query?db={DB}&q=DROP+DATABASE+{DB}"),
+            &[],
+            "",
+        )
+        .await
+        .unwrap();
     assert_eq!(hidden.status, Status::PRECONDITION_REQUIRED);
 
     // InfluxDB (asked directly) still has B's value, and the database.
     let q = client
-        .send(influx_http, Method::GET, &format!("/query?db={DB}&q=SELECT+value+FROM+balance"), &[], "")
+        .send(
+            influx_http,
+            Method::GET,
+            &format!("/query?db={DB}&q=SELECT+value+FROM+balance"),
+            &[],
+            "",
+        )
         .await
         .unwrap();
     assert_eq!(q.status, Status::OK);
@@ -159,9 +197,15 @@ resource = "influx/{{db}}"
     let mut stale = None;
     for _ in 0..100 {
         let out = run_fencer(&["rejections", "--admin", &admin_s, "-o", "json"], SOON);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let page: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        stale = page["rejections"].as_array().and_then(|a| a.iter().find(|r| r["reason"] == "stale_token").cloned());
+        stale = page["rejections"]
+            .as_array()
+            .and_then(|a| a.iter().find(|r| r["reason"] == "stale_token").cloned());
         if stale.is_some() {
             break;
         }
@@ -174,6 +218,9 @@ resource = "influx/{{db}}"
     assert_eq!(stale["method"], "POST");
     assert_eq!(stale["route"], "/write");
 
-    assert!(proxy.terminate(SOON).is_some_and(|s| s.success()), "proxy stops cleanly on SIGTERM");
+    assert!(
+        proxy.terminate(SOON).is_some_and(|s| s.success()),
+        "proxy stops cleanly on SIGTERM"
+    );
     influxd.terminate(SOON);
 }

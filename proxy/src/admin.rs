@@ -117,7 +117,9 @@ pub(crate) fn router(shared: Arc<FenceShared>, forward: Forward) -> axum::Router
 fn page_limit(limit: Option<usize>) -> Result<usize, AdminError> {
     match limit.unwrap_or(DEFAULT_PAGE) {
         0 => Err(AdminError::BadRequest("limit must be at least 1".into())),
-        n if n > MAX_PAGE => Err(AdminError::BadRequest(format!("limit must be at most {MAX_PAGE}"))),
+        n if n > MAX_PAGE => Err(AdminError::BadRequest(format!(
+            "limit must be at most {MAX_PAGE}"
+        ))),
         n => Ok(n),
     }
 }
@@ -135,8 +137,16 @@ async fn readyz(State(s): State<AdminState>) -> Response {
         problems.push(format!("upstream: {e}"));
     }
     let ready = problems.is_empty();
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, Json(serde_json::json!({ "ready": ready, "problems": problems }))).into_response()
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(serde_json::json!({ "ready": ready, "problems": problems })),
+    )
+        .into_response()
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
@@ -148,24 +158,45 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     resp
 }
 
-async fn resources(State(s): State<AdminState>, Query(q): Query<ResourcesQuery>) -> Result<Json<ResourcesPage>, AdminError> {
+async fn resources(
+    State(s): State<AdminState>,
+    Query(q): Query<ResourcesQuery>,
+) -> Result<Json<ResourcesPage>, AdminError> {
     let resources = &s.shared.resources;
     if let Some(name) = q.name {
         let name = resource_name(&name)?;
         let status = match resources.get(&name) {
             Some(state) => resources.status(&state),
             // Never written through this proxy: its epoch is the floor.
-            None => ResourceStatus { resource: name.to_string(), epoch: resources.floor(), in_flight: 0, waiting: 0, indeterminate: None },
+            None => ResourceStatus {
+                resource: name.to_string(),
+                epoch: resources.floor(),
+                in_flight: 0,
+                waiting: 0,
+                indeterminate: None,
+            },
         };
-        return Ok(Json(ResourcesPage { floor: resources.floor(), resources: vec![status], next_after: None }));
+        return Ok(Json(ResourcesPage {
+            floor: resources.floor(),
+            resources: vec![status],
+            next_after: None,
+        }));
     }
     let limit = page_limit(q.limit)?;
     let mut page = resources.list(q.after.as_deref(), limit + 1);
     let more = page.len() > limit;
     page.truncate(limit);
     let statuses: Vec<ResourceStatus> = page.iter().map(|st| resources.status(st)).collect();
-    let next_after = if more { statuses.last().map(|s| s.resource.clone()) } else { None };
-    Ok(Json(ResourcesPage { floor: resources.floor(), resources: statuses, next_after }))
+    let next_after = if more {
+        statuses.last().map(|s| s.resource.clone())
+    } else {
+        None
+    };
+    Ok(Json(ResourcesPage {
+        floor: resources.floor(),
+        resources: statuses,
+        next_after,
+    }))
 }
 
 async fn rejections(
@@ -173,7 +204,12 @@ async fn rejections(
     Query(q): Query<RejectionsQuery>,
 ) -> Result<Json<crate::rejections::RejectionsPage>, AdminError> {
     let limit = page_limit(q.limit)?;
-    s.shared.store.rejections(q.before, limit).await.map(Json).map_err(|e| AdminError::Unavailable(e.to_string()))
+    s.shared
+        .store
+        .rejections(q.before, limit)
+        .await
+        .map(Json)
+        .map_err(|e| AdminError::Unavailable(e.to_string()))
 }
 
 async fn raise_epoch(
@@ -183,7 +219,10 @@ async fn raise_epoch(
 ) -> Result<Json<ResourceStatus>, AdminError> {
     let name = resource_name(&req.resource)?;
     let shared = &s.shared;
-    let state = shared.resources.get_or_create(&name).map_err(|e| AdminError::Unavailable(e.to_string()))?;
+    let state = shared
+        .resources
+        .get_or_create(&name)
+        .map_err(|e| AdminError::Unavailable(e.to_string()))?;
     // Like a higher token: wait for writes in flight, then move E.
     let _exclusive = state.exclusive().await;
     let current = state.epoch();
@@ -222,7 +261,9 @@ async fn clear_indeterminate(
 ) -> Result<Json<ClearIndeterminateResponse>, AdminError> {
     let name = resource_name(&req.resource)?;
     let shared = &s.shared;
-    let state = shared.resources.get(&name).ok_or_else(|| AdminError::NotFound(format!("resource {name} has no state in this proxy")))?;
+    let state = shared.resources.get(&name).ok_or_else(|| {
+        AdminError::NotFound(format!("resource {name} has no state in this proxy"))
+    })?;
     let audit = serde_json::json!({
         "time": clock::wall_rfc3339(),
         "op": "clear_indeterminate",
@@ -231,8 +272,15 @@ async fn clear_indeterminate(
         "caller": peer.to_string(),
     });
     // Audit first: an override nobody can trace is worse than a refusal.
-    shared.store.audit(audit.to_string().into_bytes()).await.map_err(|e| AdminError::Unavailable(e.to_string()))?;
+    shared
+        .store
+        .audit(audit.to_string().into_bytes())
+        .await
+        .map_err(|e| AdminError::Unavailable(e.to_string()))?;
     let was = shared.resources.clear_indeterminate(&state);
     tracing::warn!(resource = %name, was_indeterminate = was, reason = %req.reason, caller = %peer, "indeterminate cleared by an operator");
-    Ok(Json(ClearIndeterminateResponse { resource: name.to_string(), was_indeterminate: was }))
+    Ok(Json(ClearIndeterminateResponse {
+        resource: name.to_string(),
+        was_indeterminate: was,
+    }))
 }

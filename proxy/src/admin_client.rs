@@ -12,7 +12,9 @@ use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::admin::{ClearIndeterminateRequest, ClearIndeterminateResponse, RaiseEpochRequest, ResourcesPage};
+use crate::admin::{
+    ClearIndeterminateRequest, ClearIndeterminateResponse, RaiseEpochRequest, ResourcesPage,
+};
 use crate::rejections::RejectionsPage;
 use crate::state::ResourceStatus;
 
@@ -58,18 +60,38 @@ impl AdminClient {
     /// `addr` is `host:port` or `http://host:port`; every call times out
     /// after `timeout`.
     pub fn new(addr: &str, timeout: Duration) -> Result<Self, AdminClientError> {
-        let base = if addr.starts_with("http://") { addr.trim_end_matches('/').to_owned() } else { format!("http://{addr}") };
-        let uri: Uri = base.parse().map_err(|_| AdminClientError::BadAddress(addr.to_owned()))?;
+        let base = if addr.starts_with("http://") {
+            addr.trim_end_matches('/').to_owned()
+        } else {
+            format!("http://{addr}")
+        };
+        let uri: Uri = base
+            .parse()
+            .map_err(|_| AdminClientError::BadAddress(addr.to_owned()))?;
         if uri.authority().is_none() || !matches!(uri.path(), "" | "/") {
             return Err(AdminClientError::BadAddress(addr.to_owned()));
         }
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Ok(Self { base, client, timeout })
+        Ok(Self {
+            base,
+            client,
+            timeout,
+        })
     }
 
-    async fn call<T: DeserializeOwned>(&self, method: Method, path_and_query: &str, body: Option<Vec<u8>>) -> Result<T, AdminClientError> {
-        let unreachable = |reason: String| AdminClientError::Unreachable { addr: self.base.clone(), reason };
-        let mut req = Request::builder().method(method).uri(format!("{}{path_and_query}", self.base));
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, AdminClientError> {
+        let unreachable = |reason: String| AdminClientError::Unreachable {
+            addr: self.base.clone(),
+            reason,
+        };
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path_and_query}", self.base));
         if body.is_some() {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
@@ -77,7 +99,11 @@ impl AdminClient {
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| AdminClientError::BadAddress(e.to_string()))?;
         let work = async {
-            let resp = self.client.request(req).await.map_err(|e| unreachable(e.to_string()))?;
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| unreachable(e.to_string()))?;
             let status = resp.status();
             let bytes = Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
                 .collect()
@@ -105,12 +131,25 @@ impl AdminClient {
 
     /// One resource's state (the floor's, if the proxy never saw it).
     pub async fn resource(&self, name: &str) -> Result<ResourceStatus, AdminClientError> {
-        let page: ResourcesPage = self.call(Method::GET, &format!("/v1/resources?name={}", encode_query(name)), None).await?;
-        page.resources.into_iter().next().ok_or_else(|| AdminClientError::Decode("empty answer".into()))
+        let page: ResourcesPage = self
+            .call(
+                Method::GET,
+                &format!("/v1/resources?name={}", encode_query(name)),
+                None,
+            )
+            .await?;
+        page.resources
+            .into_iter()
+            .next()
+            .ok_or_else(|| AdminClientError::Decode("empty answer".into()))
     }
 
     /// A page of resources in name order.
-    pub async fn resources(&self, after: Option<&str>, limit: usize) -> Result<ResourcesPage, AdminClientError> {
+    pub async fn resources(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<ResourcesPage, AdminClientError> {
         let mut q = format!("/v1/resources?limit={limit}");
         if let Some(a) = after {
             q.push_str(&format!("&after={}", encode_query(a)));
@@ -119,7 +158,11 @@ impl AdminClient {
     }
 
     /// A page of rejections, newest first, older than `before`.
-    pub async fn rejections(&self, before: Option<u64>, limit: usize) -> Result<RejectionsPage, AdminClientError> {
+    pub async fn rejections(
+        &self,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<RejectionsPage, AdminClientError> {
         let mut q = format!("/v1/rejections?limit={limit}");
         if let Some(b) = before {
             q.push_str(&format!("&before={b}"));
@@ -128,13 +171,25 @@ impl AdminClient {
     }
 
     /// Raises a resource's epoch (audited; never lowers).
-    pub async fn raise_epoch(&self, req: &RaiseEpochRequest) -> Result<ResourceStatus, AdminClientError> {
-        self.call(Method::POST, "/v1/raise-epoch", Some(Self::encode(req))).await
+    pub async fn raise_epoch(
+        &self,
+        req: &RaiseEpochRequest,
+    ) -> Result<ResourceStatus, AdminClientError> {
+        self.call(Method::POST, "/v1/raise-epoch", Some(Self::encode(req)))
+            .await
     }
 
     /// Clears a resource's indeterminate marker (audited).
-    pub async fn clear_indeterminate(&self, req: &ClearIndeterminateRequest) -> Result<ClearIndeterminateResponse, AdminClientError> {
-        self.call(Method::POST, "/v1/clear-indeterminate", Some(Self::encode(req))).await
+    pub async fn clear_indeterminate(
+        &self,
+        req: &ClearIndeterminateRequest,
+    ) -> Result<ClearIndeterminateResponse, AdminClientError> {
+        self.call(
+            Method::POST,
+            "/v1/clear-indeterminate",
+            Some(Self::encode(req)),
+        )
+        .await
     }
 }
 

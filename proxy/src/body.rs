@@ -31,7 +31,11 @@ pub(crate) struct IdleTimeoutBody<B> {
 
 impl<B> IdleTimeoutBody<B> {
     pub(crate) fn new(inner: B, timeout: Duration) -> Self {
-        Self { inner, timeout, sleep: Box::pin(tokio::time::sleep(timeout)) }
+        Self {
+            inner,
+            timeout,
+            sleep: Box::pin(tokio::time::sleep(timeout)),
+        }
     }
 }
 
@@ -43,7 +47,10 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
@@ -75,7 +82,10 @@ pub(crate) struct GuardedBody<B, G> {
 
 impl<B, G> GuardedBody<B, G> {
     pub(crate) fn new(inner: B, guard: G) -> Self {
-        Self { inner, guard: Some(guard) }
+        Self {
+            inner,
+            guard: Some(guard),
+        }
     }
 }
 
@@ -87,7 +97,10 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {

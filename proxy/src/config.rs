@@ -245,7 +245,11 @@ impl Locator<'_> {
         let before = &self.text[..start];
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-        ConfigError::Invalid { line, column, reason: reason.into() }
+        ConfigError::Invalid {
+            line,
+            column,
+            reason: reason.into(),
+        }
     }
 
     fn at<T>(&self, s: &Spanned<T>, reason: impl Into<String>) -> ConfigError {
@@ -254,15 +258,26 @@ impl Locator<'_> {
 }
 
 fn parse_upstream(raw: &str) -> Result<Uri, String> {
-    let uri: Uri = raw.parse().map_err(|e| format!("upstream {raw:?} is not a URL: {e}"))?;
+    let uri: Uri = raw
+        .parse()
+        .map_err(|e| format!("upstream {raw:?} is not a URL: {e}"))?;
     match uri.scheme_str() {
         Some("http") => {}
-        Some("https") => return Err("https upstreams are not supported yet; the upstream is expected on loopback (P9)".into()),
+        Some("https") => {
+            return Err(
+                "https upstreams are not supported yet; the upstream is expected on loopback (P9)"
+                    .into(),
+            );
+        }
         _ => return Err(format!("upstream {raw:?} must start with http://")),
     }
-    let Some(authority) = uri.authority() else { return Err(format!("upstream {raw:?} has no host")) };
+    let Some(authority) = uri.authority() else {
+        return Err(format!("upstream {raw:?} has no host"));
+    };
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        return Err(format!("upstream {raw:?} must be http://host:port with no path or query"));
+        return Err(format!(
+            "upstream {raw:?} must be http://host:port with no path or query"
+        ));
     }
     Uri::builder()
         .scheme("http")
@@ -273,11 +288,13 @@ fn parse_upstream(raw: &str) -> Result<Uri, String> {
 }
 
 fn parse_header_name(raw: &str) -> Result<HeaderName, String> {
-    HeaderName::from_bytes(raw.as_bytes()).map_err(|_| format!("{raw:?} is not a valid HTTP header name"))
+    HeaderName::from_bytes(raw.as_bytes())
+        .map_err(|_| format!("{raw:?} is not a valid HTTP header name"))
 }
 
 fn parse_duration(raw: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(raw).map_err(|e| format!("{raw:?} is not a duration like \"500ms\" or \"30s\": {e}"))?;
+    let d = humantime::parse_duration(raw)
+        .map_err(|e| format!("{raw:?} is not a duration like \"500ms\" or \"30s\": {e}"))?;
     if d.is_zero() {
         return Err("a timeout of zero is not allowed".into());
     }
@@ -286,7 +303,9 @@ fn parse_duration(raw: &str) -> Result<Duration, String> {
 
 fn parse_method(raw: &str) -> Result<Method, String> {
     if raw.is_empty() || !raw.bytes().all(|b| b.is_ascii_uppercase()) {
-        return Err(format!("method {raw:?} must be an upper-case HTTP method such as GET"));
+        return Err(format!(
+            "method {raw:?} must be an upper-case HTTP method such as GET"
+        ));
     }
     Method::from_bytes(raw.as_bytes()).map_err(|_| format!("{raw:?} is not an HTTP method"))
 }
@@ -302,16 +321,23 @@ fn parse_methods(raw: &[String]) -> Result<Option<Vec<Method>>, String> {
         }
         return Ok(None);
     }
-    raw.iter().map(|m| parse_method(m)).collect::<Result<Vec<_>, _>>().map(Some)
+    raw.iter()
+        .map(|m| parse_method(m))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }
 
 fn check_listen_vs_upstream(listen: SocketAddr, upstream: &Uri) -> Result<(), String> {
     let authority = upstream.authority().map(|a| a.as_str()).unwrap_or("");
     let port_listen = listen.port();
-    if let Ok(up) = authority.parse::<SocketAddr>() {
-        if up == listen || (up.port() == port_listen && (up.ip().is_unspecified() || listen.ip().is_unspecified())) {
-            return Err(format!("upstream {authority} is the proxy's own listen address; that would loop"));
-        }
+    if let Ok(up) = authority.parse::<SocketAddr>()
+        && (up == listen
+            || (up.port() == port_listen
+                && (up.ip().is_unspecified() || listen.ip().is_unspecified())))
+    {
+        return Err(format!(
+            "upstream {authority} is the proxy's own listen address; that would loop"
+        ));
     }
     Ok(())
 }
@@ -320,7 +346,10 @@ impl ProxyConfig {
     /// Reads and validates a `proxy.toml`.
     pub fn load(path: impl Into<PathBuf>) -> Result<Self, ConfigError> {
         let path = path.into();
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
         Self::from_toml_str(&text)
     }
 
@@ -328,20 +357,38 @@ impl ProxyConfig {
     /// column of the offending value.
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
         let loc = Locator { text };
-        let raw: RawConfig = toml::from_str(text).map_err(|e| loc.err(e.span().unwrap_or(0..0), e.message().to_owned()))?;
+        let raw: RawConfig = toml::from_str(text)
+            .map_err(|e| loc.err(e.span().unwrap_or(0..0), e.message().to_owned()))?;
 
-        let listen: SocketAddr =
-            raw.listen.get_ref().parse().map_err(|_| loc.at(&raw.listen, format!("listen {:?} is not an IP:port address", raw.listen.get_ref())))?;
-        let upstream = parse_upstream(raw.upstream.get_ref()).map_err(|r| loc.at(&raw.upstream, r))?;
+        let listen: SocketAddr = raw.listen.get_ref().parse().map_err(|_| {
+            loc.at(
+                &raw.listen,
+                format!(
+                    "listen {:?} is not an IP:port address",
+                    raw.listen.get_ref()
+                ),
+            )
+        })?;
+        let upstream =
+            parse_upstream(raw.upstream.get_ref()).map_err(|r| loc.at(&raw.upstream, r))?;
         check_listen_vs_upstream(listen, &upstream).map_err(|r| loc.at(&raw.upstream, r))?;
         if raw.data_dir.get_ref().is_empty() {
             return Err(loc.at(&raw.data_dir, "data_dir must not be empty"));
         }
         let admin = match &raw.admin {
-            None => DEFAULT_ADMIN_ADDR.parse().expect("constant is a valid address"),
-            Some(a) => a.get_ref().parse().map_err(|_| loc.at(a, format!("admin {:?} is not an IP:port address", a.get_ref())))?,
+            None => DEFAULT_ADMIN_ADDR
+                .parse()
+                .expect("constant is a valid address"),
+            Some(a) => a.get_ref().parse().map_err(|_| {
+                loc.at(
+                    a,
+                    format!("admin {:?} is not an IP:port address", a.get_ref()),
+                )
+            })?,
         };
-        let header = |h: &Option<Spanned<String>>, default: &'static str| -> Result<HeaderName, ConfigError> {
+        let header = |h: &Option<Spanned<String>>,
+                      default: &'static str|
+         -> Result<HeaderName, ConfigError> {
             match h {
                 None => Ok(HeaderName::from_static(default)),
                 Some(h) => parse_header_name(h.get_ref()).map_err(|r| loc.at(h, r)),
@@ -351,11 +398,22 @@ impl ProxyConfig {
         let resource_header = header(&raw.resource_header, "fencing-resource")?;
         let request_id_header = header(&raw.request_id_header, "x-request-id")?;
         if token_header == resource_header {
-            return Err(loc.at(raw.resource_header.as_ref().or(raw.token_header.as_ref()).expect("one is set when they collide"), "token_header and resource_header must differ"));
+            return Err(loc.at(
+                raw.resource_header
+                    .as_ref()
+                    .or(raw.token_header.as_ref())
+                    .expect("one is set when they collide"),
+                "token_header and resource_header must differ",
+            ));
         }
         let max_epoch_jump = match &raw.max_epoch_jump {
             None => DEFAULT_MAX_EPOCH_JUMP,
-            Some(j) if *j.get_ref() == 0 => return Err(loc.at(j, "max_epoch_jump must be at least 1 (no token could ever advance the epoch)")),
+            Some(j) if *j.get_ref() == 0 => {
+                return Err(loc.at(
+                    j,
+                    "max_epoch_jump must be at least 1 (no token could ever advance the epoch)",
+                ));
+            }
             Some(j) => *j.get_ref(),
         };
 
@@ -374,7 +432,11 @@ impl ProxyConfig {
         }
 
         let mut limits = Limits::default();
-        let lim = |v: &Option<Spanned<u64>>, min: u64, max: u64, name: &str| -> Result<Option<u64>, ConfigError> {
+        let lim = |v: &Option<Spanned<u64>>,
+                   min: u64,
+                   max: u64,
+                   name: &str|
+         -> Result<Option<u64>, ConfigError> {
             match v {
                 None => Ok(None),
                 Some(s) if (min..=max).contains(s.get_ref()) => Ok(Some(*s.get_ref())),
@@ -382,30 +444,58 @@ impl ProxyConfig {
             }
         };
         let to_usize = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
-        if let Some(v) = lim(&raw.limits.max_concurrent_requests, 1, 1_000_000, "max_concurrent_requests")? {
+        if let Some(v) = lim(
+            &raw.limits.max_concurrent_requests,
+            1,
+            1_000_000,
+            "max_concurrent_requests",
+        )? {
             limits.max_concurrent_requests = to_usize(v);
         }
-        if let Some(v) = lim(&raw.limits.max_header_bytes, 8192, 16 * 1024 * 1024, "max_header_bytes")? {
+        if let Some(v) = lim(
+            &raw.limits.max_header_bytes,
+            8192,
+            16 * 1024 * 1024,
+            "max_header_bytes",
+        )? {
             limits.max_header_bytes = to_usize(v);
         }
         if let Some(v) = lim(&raw.limits.max_headers, 1, 10_000, "max_headers")? {
             limits.max_headers = to_usize(v);
         }
-        if let Some(v) = lim(&raw.limits.max_request_body_bytes, 0, u64::MAX, "max_request_body_bytes")? {
+        if let Some(v) = lim(
+            &raw.limits.max_request_body_bytes,
+            0,
+            u64::MAX,
+            "max_request_body_bytes",
+        )? {
             limits.max_request_body_bytes = v;
         }
-        if let Some(v) = lim(&raw.limits.rejection_table_max, 1, 10_000_000, "rejection_table_max")? {
+        if let Some(v) = lim(
+            &raw.limits.rejection_table_max,
+            1,
+            10_000_000,
+            "rejection_table_max",
+        )? {
             limits.rejection_table_max = v;
         }
         if let Some(v) = lim(&raw.limits.max_resources, 1, 100_000_000, "max_resources")? {
             limits.max_resources = to_usize(v);
         }
-        if let Some(v) = lim(&raw.limits.upstream_max_idle_connections, 0, 100_000, "upstream_max_idle_connections")? {
+        if let Some(v) = lim(
+            &raw.limits.upstream_max_idle_connections,
+            0,
+            100_000,
+            "upstream_max_idle_connections",
+        )? {
             limits.upstream_max_idle_connections = to_usize(v);
         }
 
         if raw.routes.is_empty() {
-            return Err(loc.err(0..0, "no [[route]] is configured; every request would be refused"));
+            return Err(loc.err(
+                0..0,
+                "no [[route]] is configured; every request would be refused",
+            ));
         }
         let mut routes = Vec::with_capacity(raw.routes.len());
         for r in &raw.routes {
@@ -433,21 +523,44 @@ impl ProxyConfig {
         let flag = |flag: &'static str| move |reason: String| ConfigError::Flag { flag, reason };
         let upstream = parse_upstream(&args.upstream).map_err(flag("--upstream"))?;
         check_listen_vs_upstream(args.listen, &upstream).map_err(flag("--upstream"))?;
-        let resource = ResourceName::new(args.resource).map_err(|e| flag("--resource")(e.to_string()))?;
+        let resource =
+            ResourceName::new(args.resource).map_err(|e| flag("--resource")(e.to_string()))?;
         let fixed = ResourceTemplate::fixed(&resource);
         let mut routes = Vec::new();
         for spec in &args.read_routes {
-            let (method, path) = spec
-                .split_once(':')
-                .ok_or_else(|| flag("--read-route")(format!("{spec:?} must look like METHOD:PATH, e.g. GET:/ping")))?;
+            let (method, path) = spec.split_once(':').ok_or_else(|| {
+                flag("--read-route")(format!(
+                    "{spec:?} must look like METHOD:PATH, e.g. GET:/ping"
+                ))
+            })?;
             let methods = parse_methods(&[method.to_owned()]).map_err(flag("--read-route"))?;
-            let pattern = PathPattern::parse(path).map_err(|e| flag("--read-route")(format!("{spec:?}: {e}")))?;
-            let route = Route::new(spec.clone(), methods, pattern, vec![], vec![], Some(fixed.clone()), RouteKind::Read)
+            let pattern = PathPattern::parse(path)
                 .map_err(|e| flag("--read-route")(format!("{spec:?}: {e}")))?;
+            let route = Route::new(
+                spec.clone(),
+                methods,
+                pattern,
+                vec![],
+                vec![],
+                Some(fixed.clone()),
+                RouteKind::Read,
+            )
+            .map_err(|e| flag("--read-route")(format!("{spec:?}: {e}")))?;
             routes.push(route);
         }
         let all = PathPattern::parse("/*").expect("constant pattern");
-        routes.push(Route::new("all".into(), None, all, vec![], vec![], Some(fixed), RouteKind::Write).expect("constant route"));
+        routes.push(
+            Route::new(
+                "all".into(),
+                None,
+                all,
+                vec![],
+                vec![],
+                Some(fixed),
+                RouteKind::Write,
+            )
+            .expect("constant route"),
+        );
         Ok(Self {
             listen: args.listen,
             upstream,
@@ -475,7 +588,10 @@ fn build_route(loc: &Locator<'_>, r: &RawRoute) -> Result<Route, ConfigError> {
     };
     let methods = match &r.methods {
         None if kind == RouteKind::Read => {
-            return Err(loc.at(&r.path, "a read route must list its methods explicitly (default deny, P5)"));
+            return Err(loc.at(
+                &r.path,
+                "a read route must list its methods explicitly (default deny, P5)",
+            ));
         }
         None => None,
         Some(m) => parse_methods(m.get_ref()).map_err(|reason| loc.at(m, reason))?,
@@ -486,26 +602,44 @@ fn build_route(loc: &Locator<'_>, r: &RawRoute) -> Result<Route, ConfigError> {
         if k.is_empty() {
             return Err(loc.at(v, "a query parameter name must not be empty"));
         }
-        query.push((k.clone(), ValuePattern::parse(v.get_ref()).map_err(|e| loc.at(v, e.to_string()))?));
+        query.push((
+            k.clone(),
+            ValuePattern::parse(v.get_ref()).map_err(|e| loc.at(v, e.to_string()))?,
+        ));
     }
     let mut headers = Vec::new();
     for (k, v) in &r.headers {
         let name = parse_header_name(k).map_err(|reason| loc.at(v, reason))?;
-        headers.push((name, ValuePattern::parse(v.get_ref()).map_err(|e| loc.at(v, e.to_string()))?));
+        headers.push((
+            name,
+            ValuePattern::parse(v.get_ref()).map_err(|e| loc.at(v, e.to_string()))?,
+        ));
     }
     let resource = match &r.resource {
         None if kind == RouteKind::Write => {
-            return Err(loc.at(&r.path, "a write route needs `resource` (the sidecar decides the resource, P6)"));
+            return Err(loc.at(
+                &r.path,
+                "a write route needs `resource` (the sidecar decides the resource, P6)",
+            ));
         }
         None => None,
-        Some(t) => Some(ResourceTemplate::parse(t.get_ref()).map_err(|e| loc.at(t, e.to_string()))?),
+        Some(t) => {
+            Some(ResourceTemplate::parse(t.get_ref()).map_err(|e| loc.at(t, e.to_string()))?)
+        }
     };
     let name = r.name.clone().unwrap_or_else(|| {
-        let m = r.methods.as_ref().map_or_else(|| "*".to_owned(), |m| m.get_ref().join(","));
+        let m = r
+            .methods
+            .as_ref()
+            .map_or_else(|| "*".to_owned(), |m| m.get_ref().join(","));
         format!("{m} {}", r.path.get_ref())
     });
-    let span_for_route_errors = r.resource.as_ref().map_or_else(|| r.path.span(), |t| t.span());
-    Route::new(name, methods, path, query, headers, resource, kind).map_err(|e| loc.err(span_for_route_errors, e.to_string()))
+    let span_for_route_errors = r
+        .resource
+        .as_ref()
+        .map_or_else(|| r.path.span(), |t| t.span());
+    Route::new(name, methods, path, query, headers, resource, kind)
+        .map_err(|e| loc.err(span_for_route_errors, e.to_string()))
 }
 
 #[cfg(test)]
@@ -560,7 +694,10 @@ resource = "influx/{db}"
 
     #[test]
     fn errors_name_the_line_and_the_reason() {
-        let bad = GOOD.replace("resource = \"influx/{db}\"\n\n[[route]]", "resource = \"influx/{nope}\"\n\n[[route]]");
+        let bad = GOOD.replace(
+            "resource = \"influx/{db}\"\n\n[[route]]",
+            "resource = \"influx/{nope}\"\n\n[[route]]",
+        );
         let (line, reason) = err_of(&bad);
         assert_eq!(line, 21, "{reason}");
         assert!(reason.contains("{nope}"), "{reason}");
@@ -569,13 +706,17 @@ resource = "influx/{db}"
         assert_eq!(line, 7);
         assert!(reason.contains("duration"), "{reason}");
 
-        let (line, reason) = err_of(&GOOD.replace("rejection_table_max = 50", "rejection_tabel_max = 50"));
+        let (line, reason) =
+            err_of(&GOOD.replace("rejection_table_max = 50", "rejection_tabel_max = 50"));
         assert_eq!(line, 10);
         assert!(reason.contains("rejection_tabel_max"), "{reason}");
 
         let (line, reason) = err_of(&GOOD.replace("methods = [\"GET\", \"HEAD\"]\n", ""));
         assert_eq!(line, 13);
-        assert!(reason.contains("read route must list its methods"), "{reason}");
+        assert!(
+            reason.contains("read route must list its methods"),
+            "{reason}"
+        );
 
         let (_, reason) = err_of(&GOOD.replace("http://127.0.0.1:8086", "http://127.0.0.1:8087"));
         assert!(reason.contains("loop"), "{reason}");
@@ -583,7 +724,9 @@ resource = "influx/{db}"
         let (_, reason) = err_of(&GOOD.replace("\"/write\"", "\"write\""));
         assert!(reason.contains("start with '/'"), "{reason}");
 
-        let (line, reason) = err_of("listen = \"127.0.0.1:1\"\nupstream = \"http://127.0.0.1:2\"\ndata_dir = \"d\"\n");
+        let (line, reason) = err_of(
+            "listen = \"127.0.0.1:1\"\nupstream = \"http://127.0.0.1:2\"\ndata_dir = \"d\"\n",
+        );
         assert_eq!(line, 1);
         assert!(reason.contains("no [[route]]"), "{reason}");
 

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+};
 use tokio::sync::oneshot;
 
 use crate::names::ResourceName;
@@ -72,7 +74,9 @@ pub enum OpenError {
         source: Box<redb::Error>,
     },
     /// The file was written by an incompatible version.
-    #[error("the epoch store {path} has format version {found}; this proxy reads version {FORMAT_VERSION}")]
+    #[error(
+        "the epoch store {path} has format version {found}; this proxy reads version {FORMAT_VERSION}"
+    )]
     Format {
         /// The store file.
         path: PathBuf,
@@ -111,7 +115,10 @@ fn db_err(e: impl Into<redb::Error>) -> Box<redb::Error> {
 fn set_meta(db: &Database, key: &str, value: u64) -> Result<(), Box<redb::Error>> {
     let mut wtx = db.begin_write().map_err(db_err)?;
     wtx.set_durability(Durability::Immediate).map_err(db_err)?;
-    wtx.open_table(META).map_err(db_err)?.insert(key, value).map_err(db_err)?;
+    wtx.open_table(META)
+        .map_err(db_err)?
+        .insert(key, value)
+        .map_err(db_err)?;
     wtx.commit().map_err(db_err)
 }
 
@@ -129,10 +136,21 @@ pub struct StoreSnapshot {
 }
 
 enum Command {
-    Raise { resource: String, epoch: u64, audit: Option<Vec<u8>>, reply: oneshot::Sender<Result<u64, StoreError>> },
-    Audit { line: Vec<u8>, reply: oneshot::Sender<Result<(), StoreError>> },
+    Raise {
+        resource: String,
+        epoch: u64,
+        audit: Option<Vec<u8>>,
+        reply: oneshot::Sender<Result<u64, StoreError>>,
+    },
+    Audit {
+        line: Vec<u8>,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
     FlushRejections,
-    Close { clean: bool, reply: oneshot::Sender<()> },
+    Close {
+        clean: bool,
+        reply: oneshot::Sender<()>,
+    },
 }
 
 struct Pending {
@@ -151,7 +169,9 @@ pub struct EpochStore {
 
 impl std::fmt::Debug for EpochStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EpochStore").field("table_max", &self.table_max).finish_non_exhaustive()
+        f.debug_struct("EpochStore")
+            .field("table_max", &self.table_max)
+            .finish_non_exhaustive()
     }
 }
 
@@ -166,13 +186,20 @@ impl EpochStore {
     ///
     /// `floor` initialises an empty store (P10). On an existing store a
     /// higher floor raises it; a lower one is ignored (P8: never lower).
-    pub fn open(dir: &Path, floor: Option<u64>, rejection_table_max: u64) -> Result<(Self, StoreSnapshot), OpenError> {
+    pub fn open(
+        dir: &Path,
+        floor: Option<u64>,
+        rejection_table_max: u64,
+    ) -> Result<(Self, StoreSnapshot), OpenError> {
         let path = dir.join(STORE_FILE);
         let io = |path: &Path| {
             let path = path.to_owned();
             move |source| OpenError::Io { path, source }
         };
-        let dbe = |source: redb::Error| OpenError::Database { path: path.clone(), source: Box::new(source) };
+        let dbe = |source: redb::Error| OpenError::Database {
+            path: path.clone(),
+            source: Box::new(source),
+        };
         let exists = path.try_exists().map_err(io(&path))?;
         if !exists && floor.is_none() {
             return Err(OpenError::EmptyStoreNeedsFloor { path });
@@ -184,35 +211,47 @@ impl EpochStore {
             let rtx = db.begin_read().map_err(|e| dbe(e.into()))?;
             match rtx.open_table(META) {
                 Ok(t) => (
-                    t.get(META_FLOOR).map_err(|e| dbe(e.into()))?.map(|v| v.value()),
-                    t.get(META_FORMAT).map_err(|e| dbe(e.into()))?.map(|v| v.value()),
-                    t.get(META_CLEAN).map_err(|e| dbe(e.into()))?.is_none_or(|v| v.value() == 1),
+                    t.get(META_FLOOR)
+                        .map_err(|e| dbe(e.into()))?
+                        .map(|v| v.value()),
+                    t.get(META_FORMAT)
+                        .map_err(|e| dbe(e.into()))?
+                        .map(|v| v.value()),
+                    t.get(META_CLEAN)
+                        .map_err(|e| dbe(e.into()))?
+                        .is_none_or(|v| v.value() == 1),
                 ),
                 Err(redb::TableError::TableDoesNotExist(_)) => (None, None, true),
                 Err(e) => return Err(dbe(e.into())),
             }
         };
-        if let Some(found) = format {
-            if found != FORMAT_VERSION {
-                return Err(OpenError::Format { path, found });
-            }
+        if let Some(found) = format
+            && found != FORMAT_VERSION
+        {
+            return Err(OpenError::Format { path, found });
         }
         let floor = match (stored_floor, floor) {
             (None, None) => return Err(OpenError::EmptyStoreNeedsFloor { path }),
             (Some(s), None) => s,
             (Some(s), Some(f)) if f <= s => {
                 if f < s {
-                    tracing::warn!(stored = s, given = f, "--floor is below the stored floor; keeping the stored one (P8)");
+                    tracing::warn!(
+                        stored = s,
+                        given = f,
+                        "--floor is below the stored floor; keeping the stored one (P8)"
+                    );
                 }
                 s
             }
             (_, Some(f)) => {
                 let mut wtx = db.begin_write().map_err(|e| dbe(e.into()))?;
-                wtx.set_durability(Durability::Immediate).map_err(|e| dbe(e.into()))?;
+                wtx.set_durability(Durability::Immediate)
+                    .map_err(|e| dbe(e.into()))?;
                 {
                     let mut meta = wtx.open_table(META).map_err(|e| dbe(e.into()))?;
                     meta.insert(META_FLOOR, f).map_err(|e| dbe(e.into()))?;
-                    meta.insert(META_FORMAT, FORMAT_VERSION).map_err(|e| dbe(e.into()))?;
+                    meta.insert(META_FORMAT, FORMAT_VERSION)
+                        .map_err(|e| dbe(e.into()))?;
                     wtx.open_table(EPOCHS).map_err(|e| dbe(e.into()))?;
                     wtx.open_table(REJECTIONS).map_err(|e| dbe(e.into()))?;
                 }
@@ -223,7 +262,10 @@ impl EpochStore {
         };
 
         // From now on a crash is an unclean stop.
-        set_meta(&db, META_CLEAN, 0).map_err(|e| OpenError::Database { path: path.clone(), source: e })?;
+        set_meta(&db, META_CLEAN, 0).map_err(|e| OpenError::Database {
+            path: path.clone(),
+            source: e,
+        })?;
 
         let (epochs, rejection_count, next_seq) = {
             let rtx = db.begin_read().map_err(|e| dbe(e.into()))?;
@@ -231,24 +273,37 @@ impl EpochStore {
             let mut epochs = Vec::new();
             for entry in table.iter().map_err(|e| dbe(e.into()))? {
                 let (k, v) = entry.map_err(|e| dbe(e.into()))?;
-                let name = ResourceName::new(k.value()).map_err(|_| OpenError::BadName { path: path.clone(), name: k.value().to_owned() })?;
+                let name = ResourceName::new(k.value()).map_err(|_| OpenError::BadName {
+                    path: path.clone(),
+                    name: k.value().to_owned(),
+                })?;
                 epochs.push((name, v.value()));
             }
             let rej = rtx.open_table(REJECTIONS).map_err(|e| dbe(e.into()))?;
             let count = rej.len().map_err(|e| dbe(e.into()))?;
-            let next = rej.last().map_err(|e| dbe(e.into()))?.map_or(1, |(k, _)| k.value() + 1);
+            let next = rej
+                .last()
+                .map_err(|e| dbe(e.into()))?
+                .map_or(1, |(k, _)| k.value() + 1);
             (epochs, count, next)
         };
 
         let open_append = |name: &str| -> Result<File, OpenError> {
             let p = dir.join(name);
-            OpenOptions::new().create(true).append(true).open(&p).map_err(io(&p))
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&p)
+                .map_err(io(&p))
         };
         let rejection_log = BufWriter::new(open_append(REJECTION_LOG_FILE)?);
         let audit_log = open_append(AUDIT_LOG_FILE)?;
 
         let db = Arc::new(db);
-        let pending = Arc::new(Mutex::new(Pending { queue: VecDeque::new(), nudged: false }));
+        let pending = Arc::new(Mutex::new(Pending {
+            queue: VecDeque::new(),
+            nudged: false,
+        }));
         let (tx, rx) = mpsc::channel();
         let writer = Writer {
             db: db.clone(),
@@ -263,7 +318,19 @@ impl EpochStore {
             .name("fencer-epoch-store".into())
             .spawn(move || writer.run(rx))
             .map_err(io(dir))?;
-        Ok((Self { tx, db, pending, table_max: rejection_table_max }, StoreSnapshot { epochs, floor, clean_shutdown: clean }))
+        Ok((
+            Self {
+                tx,
+                db,
+                pending,
+                table_max: rejection_table_max,
+            },
+            StoreSnapshot {
+                epochs,
+                floor,
+                clean_shutdown: clean,
+            },
+        ))
     }
 
     /// Durably raises `resource`'s stored epoch to at least `epoch` and
@@ -275,14 +342,29 @@ impl EpochStore {
 
     /// [`raise`](Self::raise), with an audit line appended (and fsynced) to
     /// `audit.jsonl` after the commit.
-    pub(crate) async fn raise_audited(&self, resource: &ResourceName, epoch: u64, audit: Vec<u8>) -> Result<u64, StoreError> {
+    pub(crate) async fn raise_audited(
+        &self,
+        resource: &ResourceName,
+        epoch: u64,
+        audit: Vec<u8>,
+    ) -> Result<u64, StoreError> {
         self.raise_inner(resource, epoch, Some(audit)).await
     }
 
-    async fn raise_inner(&self, resource: &ResourceName, epoch: u64, audit: Option<Vec<u8>>) -> Result<u64, StoreError> {
+    async fn raise_inner(
+        &self,
+        resource: &ResourceName,
+        epoch: u64,
+        audit: Option<Vec<u8>>,
+    ) -> Result<u64, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Command::Raise { resource: resource.as_str().to_owned(), epoch, audit, reply })
+            .send(Command::Raise {
+                resource: resource.as_str().to_owned(),
+                epoch,
+                audit,
+                reply,
+            })
             .map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
     }
@@ -290,7 +372,9 @@ impl EpochStore {
     /// Appends one line to the audit log and fsyncs it.
     pub(crate) async fn audit(&self, line: Vec<u8>) -> Result<(), StoreError> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::Audit { line, reply }).map_err(|_| StoreError::Closed)?;
+        self.tx
+            .send(Command::Audit { line, reply })
+            .map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -313,7 +397,11 @@ impl EpochStore {
     }
 
     /// A page of stored rejections, newest first, with `seq < before`.
-    pub async fn rejections(&self, before: Option<u64>, limit: usize) -> Result<RejectionsPage, StoreError> {
+    pub async fn rejections(
+        &self,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<RejectionsPage, StoreError> {
         let db = self.db.clone();
         let table_max = self.table_max;
         tokio::task::spawn_blocking(move || -> Result<RejectionsPage, StoreError> {
@@ -332,8 +420,16 @@ impl EpochStore {
                     out.push(record);
                 }
             }
-            let next_before = if more { out.last().map(|r| r.seq) } else { None };
-            Ok(RejectionsPage { rejections: out, next_before, table_max })
+            let next_before = if more {
+                out.last().map(|r| r.seq)
+            } else {
+                None
+            };
+            Ok(RejectionsPage {
+                rejections: out,
+                next_before,
+                table_max,
+            })
         })
         .await
         .map_err(|_| StoreError::Closed)?
@@ -342,9 +438,14 @@ impl EpochStore {
     /// Checks the store answers a read (for `/readyz`).
     pub async fn ping(&self) -> Result<(), StoreError> {
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || db.begin_read().map(drop).map_err(db_err).map_err(StoreError::from))
-            .await
-            .map_err(|_| StoreError::Closed)?
+        tokio::task::spawn_blocking(move || {
+            db.begin_read()
+                .map(drop)
+                .map_err(db_err)
+                .map_err(StoreError::from)
+        })
+        .await
+        .map_err(|_| StoreError::Closed)?
     }
 
     /// Flushes queued rejections and stops the writer thread. `clean`
@@ -370,7 +471,19 @@ struct Writer {
     next_seq: u64,
 }
 
-type RaiseReply = (oneshot::Sender<Result<u64, StoreError>>, Result<u64, ()>, Option<Vec<u8>>);
+/// A queued raise: resource, epoch, audit line, reply.
+type RaiseCmd = (
+    String,
+    u64,
+    Option<Vec<u8>>,
+    oneshot::Sender<Result<u64, StoreError>>,
+);
+
+type RaiseReply = (
+    oneshot::Sender<Result<u64, StoreError>>,
+    Result<u64, ()>,
+    Option<Vec<u8>>,
+);
 
 impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Command>) {
@@ -389,7 +502,12 @@ impl Writer {
             let mut audits = Vec::new();
             for c in batch {
                 match c {
-                    Command::Raise { resource, epoch, audit, reply } => raises.push((resource, epoch, audit, reply)),
+                    Command::Raise {
+                        resource,
+                        epoch,
+                        audit,
+                        reply,
+                    } => raises.push((resource, epoch, audit, reply)),
                     Command::Audit { line, reply } => audits.push((line, reply)),
                     Command::FlushRejections => {}
                     Command::Close { clean, reply } => close_reply = Some((clean, reply)),
@@ -403,10 +521,10 @@ impl Writer {
         // Closing or every handle dropped: keep what is queued, and let go
         // of the database before saying we are done.
         self.commit(Vec::new());
-        if let Some((true, _)) = &close_reply {
-            if let Err(e) = set_meta(&self.db, META_CLEAN, 1) {
-                tracing::error!(error = %e, "cannot mark the epoch store closed cleanly");
-            }
+        if let Some((true, _)) = &close_reply
+            && let Err(e) = set_meta(&self.db, META_CLEAN, 1)
+        {
+            tracing::error!(error = %e, "cannot mark the epoch store closed cleanly");
         }
         drop(self);
         if let Some((_, reply)) = close_reply {
@@ -420,7 +538,7 @@ impl Writer {
         self.audit_log.sync_data()
     }
 
-    fn commit(&mut self, raises: Vec<(String, u64, Option<Vec<u8>>, oneshot::Sender<Result<u64, StoreError>>)>) {
+    fn commit(&mut self, raises: Vec<RaiseCmd>) {
         let rejections: Vec<RejectionRecord> = {
             let mut p = lock(&self.pending);
             p.nudged = false;
@@ -433,19 +551,25 @@ impl Writer {
         match self.write_txn(&raises, rejections) {
             Ok((results, lines)) => {
                 if !lines.is_empty() {
-                    let written = self.rejection_log.write_all(&lines).and_then(|()| self.rejection_log.flush());
+                    let written = self
+                        .rejection_log
+                        .write_all(&lines)
+                        .and_then(|()| self.rejection_log.flush());
                     if let Err(e) = written {
                         tracing::error!(error = %e, "cannot append to {REJECTION_LOG_FILE}");
                     }
                 }
-                let replies: Vec<RaiseReply> =
-                    raises.into_iter().zip(results).map(|((_, _, audit, reply), stored)| (reply, Ok(stored), audit)).collect();
+                let replies: Vec<RaiseReply> = raises
+                    .into_iter()
+                    .zip(results)
+                    .map(|((_, _, audit, reply), stored)| (reply, Ok(stored), audit))
+                    .collect();
                 for (reply, stored, audit) in replies {
                     let mut result = stored.map_err(|()| StoreError::Closed);
-                    if let (Ok(_), Some(line)) = (&result, audit) {
-                        if let Err(e) = self.append_audit(&line) {
-                            result = Err(e.into());
-                        }
+                    if let (Ok(_), Some(line)) = (&result, audit)
+                        && let Err(e) = self.append_audit(&line)
+                    {
+                        result = Err(e.into());
                     }
                     let _ = reply.send(result);
                 }
@@ -465,7 +589,7 @@ impl Writer {
     /// stored epoch per raise and the JSON lines for the log file.
     fn write_txn(
         &mut self,
-        raises: &[(String, u64, Option<Vec<u8>>, oneshot::Sender<Result<u64, StoreError>>)],
+        raises: &[RaiseCmd],
         rejections: Vec<RejectionRecord>,
     ) -> Result<(Vec<u64>, Vec<u8>), Box<redb::Error>> {
         let mut wtx = self.db.begin_write().map_err(db_err)?;
@@ -476,7 +600,10 @@ impl Writer {
         {
             let mut epochs = wtx.open_table(EPOCHS).map_err(db_err)?;
             for (resource, epoch, _, _) in raises {
-                let stored = epochs.get(resource.as_str()).map_err(db_err)?.map_or(0, |v| v.value());
+                let stored = epochs
+                    .get(resource.as_str())
+                    .map_err(db_err)?
+                    .map_or(0, |v| v.value());
                 let new = stored.max(*epoch); // P8: never lower.
                 if new != stored {
                     epochs.insert(resource.as_str(), new).map_err(db_err)?;
@@ -531,8 +658,14 @@ mod tests {
     fn p10_an_empty_store_needs_a_floor() {
         let dir = tempfile::tempdir().unwrap();
         let err = EpochStore::open(dir.path(), None, 10).unwrap_err();
-        assert!(matches!(err, OpenError::EmptyStoreNeedsFloor { .. }), "{err}");
-        assert!(!dir.path().join(STORE_FILE).exists(), "refusing must not create the store");
+        assert!(
+            matches!(err, OpenError::EmptyStoreNeedsFloor { .. }),
+            "{err}"
+        );
+        assert!(
+            !dir.path().join(STORE_FILE).exists(),
+            "refusing must not create the store"
+        );
     }
 
     #[tokio::test]
@@ -543,7 +676,11 @@ mod tests {
             let (store, snap) = EpochStore::open(dir.path(), Some(5), 10).unwrap();
             assert_eq!(snap.floor, 5);
             assert_eq!(store.raise(&r, 42).await.unwrap(), 42);
-            assert_eq!(store.raise(&r, 41).await.unwrap(), 42, "P8: a lower raise keeps the stored epoch");
+            assert_eq!(
+                store.raise(&r, 41).await.unwrap(),
+                42,
+                "P8: a lower raise keeps the stored epoch"
+            );
             store.close(true).await;
         }
         let (store, snap) = EpochStore::open(dir.path(), Some(3), 10).unwrap();
@@ -566,19 +703,34 @@ mod tests {
         drop(store);
         let (store, _) = EpochStore::open(dir.path(), None, 3).unwrap();
         let page = store.rejections(None, 2).await.unwrap();
-        let names: Vec<_> = page.rejections.iter().map(|r| r.resource.clone().unwrap()).collect();
+        let names: Vec<_> = page
+            .rejections
+            .iter()
+            .map(|r| r.resource.clone().unwrap())
+            .collect();
         assert_eq!(names, ["r4", "r3"]);
         let page = store.rejections(page.next_before, 2).await.unwrap();
-        let names: Vec<_> = page.rejections.iter().map(|r| r.resource.clone().unwrap()).collect();
+        let names: Vec<_> = page
+            .rejections
+            .iter()
+            .map(|r| r.resource.clone().unwrap())
+            .collect();
         assert_eq!(names, ["r2"], "only 3 are kept");
         assert_eq!(page.next_before, None);
         let lines = std::fs::read_to_string(dir.path().join(REJECTION_LOG_FILE)).unwrap();
-        assert_eq!(lines.lines().count(), 5, "the JSON-lines log keeps everything");
+        assert_eq!(
+            lines.lines().count(),
+            5,
+            "the JSON-lines log keeps everything"
+        );
         // New records continue the sequence after a reopen.
         assert!(store.log_rejection(record("r5")));
         store.close(true).await;
         drop(store);
         let (store, _) = EpochStore::open(dir.path(), None, 3).unwrap();
-        assert_eq!(store.rejections(None, 1).await.unwrap().rejections[0].seq, 6);
+        assert_eq!(
+            store.rejections(None, 1).await.unwrap().rejections[0].seq,
+            6
+        );
     }
 }

@@ -46,7 +46,12 @@ pub(crate) struct FenceShared {
 }
 
 impl FenceShared {
-    pub(crate) fn new(config: Arc<ProxyConfig>, store: EpochStore, resources: Arc<Resources>, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(
+        config: Arc<ProxyConfig>,
+        store: EpochStore,
+        resources: Arc<Resources>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let random = getrandom::u64().unwrap_or_else(|_| clock::unix_ms());
         Self {
             config,
@@ -75,7 +80,10 @@ impl tower::Layer<Forward> for FenceLayer {
     type Service = Fence;
 
     fn layer(&self, forward: Forward) -> Fence {
-        Fence { shared: self.shared.clone(), forward }
+        Fence {
+            shared: self.shared.clone(),
+            forward,
+        }
     }
 }
 
@@ -161,7 +169,11 @@ impl Drop for PendingCall {
     fn drop(&mut self) {
         if self.in_flight.is_some() {
             let connection = captured_connection(&self.capture);
-            self.resources.mark_unknown(&self.state, "the client went away while its write was at the upstream".into(), connection);
+            self.resources.mark_unknown(
+                &self.state,
+                "the client went away while its write was at the upstream".into(),
+                connection,
+            );
             // `in_flight` (and its guard) is dropped only after the mark.
         }
     }
@@ -170,7 +182,13 @@ impl Drop for PendingCall {
 impl Fence {
     fn refuse(&self, log: &LogCtx, refusal: Refusal) -> Response<ProxyBody> {
         let status = refusal.status();
-        if let Refusal::Rejected { reason, current_epoch, resource, .. } = &refusal {
+        if let Refusal::Rejected {
+            reason,
+            current_epoch,
+            resource,
+            ..
+        } = &refusal
+        {
             let m = &self.shared.metrics;
             m.rejected(*reason);
             let record = RejectionRecord {
@@ -200,9 +218,21 @@ impl Fence {
             }
         }
         let refusal = match refusal {
-            Refusal::Rejected { resource: None, reason, detail, presented_token, current_epoch, retry_after_secs } => {
-                Refusal::Rejected { resource: log.resource.clone(), reason, detail, presented_token, current_epoch, retry_after_secs }
-            }
+            Refusal::Rejected {
+                resource: None,
+                reason,
+                detail,
+                presented_token,
+                current_epoch,
+                retry_after_secs,
+            } => Refusal::Rejected {
+                resource: log.resource.clone(),
+                reason,
+                detail,
+                presented_token,
+                current_epoch,
+                retry_after_secs,
+            },
             other => other,
         };
         refusal.into_response(Some(&log.request_id))
@@ -229,29 +259,44 @@ impl Fence {
         let config = &shared.config;
         let request_id = self.request_id(&req);
         if let Ok(v) = HeaderValue::from_str(&request_id) {
-            req.headers_mut().insert(config.request_id_header.clone(), v);
+            req.headers_mut()
+                .insert(config.request_id_header.clone(), v);
         }
         let mut log = LogCtx {
             method: req.method().to_string(),
-            caller: req.extensions().get::<PeerAddr>().map_or_else(|| "unknown".to_owned(), |p| p.0.to_string()),
+            caller: req
+                .extensions()
+                .get::<PeerAddr>()
+                .map_or_else(|| "unknown".to_owned(), |p| p.0.to_string()),
             request_id,
             route: None,
             resource: None,
             token: None,
         };
 
-        let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if let Some(len) = declared.filter(|len| *len > config.limits.max_request_body_bytes) {
-            let detail = format!("the body is {len} bytes; limits.max_request_body_bytes is {}", config.limits.max_request_body_bytes);
+            let detail = format!(
+                "the body is {len} bytes; limits.max_request_body_bytes is {}",
+                config.limits.max_request_body_bytes
+            );
             return self.refuse(&log, rejected(RejectReason::BodyTooLarge, detail));
         }
 
-        let classified = match config.router.classify(req.method(), req.uri(), req.headers()) {
+        let classified = match config
+            .router
+            .classify(req.method(), req.uri(), req.headers())
+        {
             Ok(c) => c,
             Err(e) => {
                 let reason = match &e {
                     ClassifyError::NoRoute => RejectReason::NoRoute,
-                    ClassifyError::AmbiguousPath | ClassifyError::Repeated(..) => RejectReason::AmbiguousRequest,
+                    ClassifyError::AmbiguousPath | ClassifyError::Repeated(..) => {
+                        RejectReason::AmbiguousRequest
+                    }
                     ClassifyError::InvalidResource { route_template, .. } => {
                         log.route = Some(route_template.clone());
                         RejectReason::InvalidResource
@@ -268,7 +313,10 @@ impl Fence {
         let mut claims = req.headers().get_all(&config.resource_header).iter();
         if let Some(claim) = claims.next() {
             let agrees = claims.next().is_none()
-                && classified.resource.as_ref().is_some_and(|r| claim.as_bytes() == r.as_str().as_bytes());
+                && classified
+                    .resource
+                    .as_ref()
+                    .is_some_and(|r| claim.as_bytes() == r.as_str().as_bytes());
             if !agrees {
                 let detail = format!(
                     "the {} header says {:?} but this route writes resource {:?}; the sidecar decides the resource (P6)",
@@ -281,11 +329,22 @@ impl Fence {
         }
 
         if kind == RouteKind::Read {
-            shared.metrics.accepted.get_or_create(&KindLabels { kind: kind.into() }).inc();
+            shared
+                .metrics
+                .accepted
+                .get_or_create(&KindLabels { kind: kind.into() })
+                .inc();
             return match self.forward.call(req).await {
                 Ok((resp, upstream)) => {
-                    shared.metrics.upstream_latency.observe(upstream.as_secs_f64());
-                    shared.metrics.added_latency.observe((clock::now() - started).saturating_sub(upstream).as_secs_f64());
+                    shared
+                        .metrics
+                        .upstream_latency
+                        .observe(upstream.as_secs_f64());
+                    shared.metrics.added_latency.observe(
+                        (clock::now() - started)
+                            .saturating_sub(upstream)
+                            .as_secs_f64(),
+                    );
                     resp.map(BodyExt::boxed)
                 }
                 Err(e) => self.upstream_failed(&log, e, None),
@@ -293,7 +352,10 @@ impl Fence {
         }
 
         let Some(resource) = classified.resource else {
-            return self.refuse(&log, Refusal::Internal("write route without a resource".into()));
+            return self.refuse(
+                &log,
+                Refusal::Internal("write route without a resource".into()),
+            );
         };
         let mut tokens = req.headers().get_all(&config.token_header).iter();
         let token = match (tokens.next(), tokens.next()) {
@@ -306,35 +368,70 @@ impl Fence {
                 return self.refuse(&log, rejected(RejectReason::MissingToken, detail));
             }
             (Some(_), Some(_)) => {
-                return self.refuse(&log, rejected(RejectReason::MalformedToken, format!("more than one {} header", config.token_header)));
+                return self.refuse(
+                    &log,
+                    rejected(
+                        RejectReason::MalformedToken,
+                        format!("more than one {} header", config.token_header),
+                    ),
+                );
             }
             (Some(v), None) => match FencingToken::parse(v.as_bytes()) {
                 Ok(t) => t,
-                Err(e) => return self.refuse(&log, rejected(RejectReason::MalformedToken, format!("{}: {e}", config.token_header))),
+                Err(e) => {
+                    return self.refuse(
+                        &log,
+                        rejected(
+                            RejectReason::MalformedToken,
+                            format!("{}: {e}", config.token_header),
+                        ),
+                    );
+                }
             },
         };
         log.token = Some(token.get());
         let state = match shared.resources.get_or_create(&resource) {
             Ok(s) => s,
-            Err(e) => return self.refuse(&log, rejected(RejectReason::TooManyResources, e.to_string())),
+            Err(e) => {
+                return self.refuse(
+                    &log,
+                    rejected(RejectReason::TooManyResources, e.to_string()),
+                );
+            }
         };
 
         let in_flight = match self.admit(&state, token).await {
             Ok(g) => g,
             Err(refusal) => return self.refuse(&log, refusal),
         };
-        shared.metrics.accepted.get_or_create(&KindLabels { kind: kind.into() }).inc();
+        shared
+            .metrics
+            .accepted
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .inc();
         let admitted = clock::now();
 
         let capture = capture_connection(&mut req);
-        let pending = PendingCall { resources: shared.resources.clone(), state: state.clone(), capture, in_flight: Some(in_flight) };
+        let pending = PendingCall {
+            resources: shared.resources.clone(),
+            state: state.clone(),
+            capture,
+            in_flight: Some(in_flight),
+        };
         let result = self.forward.call(req).await;
         match result {
             Ok((resp, upstream)) => {
                 let in_flight = pending.finish();
-                shared.metrics.upstream_latency.observe(upstream.as_secs_f64());
-                let proxy_time = (admitted - started) + (clock::now() - admitted).saturating_sub(upstream);
-                shared.metrics.added_latency.observe(proxy_time.as_secs_f64());
+                shared
+                    .metrics
+                    .upstream_latency
+                    .observe(upstream.as_secs_f64());
+                let proxy_time =
+                    (admitted - started) + (clock::now() - admitted).saturating_sub(upstream);
+                shared
+                    .metrics
+                    .added_latency
+                    .observe(proxy_time.as_secs_f64());
                 // The shared guard travels with the body: a higher token
                 // waits until this response has fully streamed (P3).
                 resp.map(|body| GuardedBody::new(body.boxed(), in_flight).boxed())
@@ -354,20 +451,30 @@ impl Fence {
         &self,
         log: &LogCtx,
         err: ForwardError,
-        fenced: Option<(&Arc<ResourceState>, Option<crate::forward::ConnectionClosed>)>,
+        fenced: Option<(
+            &Arc<ResourceState>,
+            Option<crate::forward::ConnectionClosed>,
+        )>,
     ) -> Response<ProxyBody> {
         let m = &self.shared.metrics;
         match err {
             ForwardError::Connect(msg) => {
                 m.upstream_error(UpstreamError::Connect);
                 tracing::warn!(request_id = %log.request_id, error = %msg, "upstream unreachable");
-                self.refuse(log, Refusal::UpstreamUnreachable(format!("{msg}; nothing was sent, the request may be retried")))
+                self.refuse(
+                    log,
+                    Refusal::UpstreamUnreachable(format!(
+                        "{msg}; nothing was sent, the request may be retried"
+                    )),
+                )
             }
             ForwardError::OutcomeUnknown(reason) => {
                 m.upstream_error(UpstreamError::OutcomeUnknown);
                 tracing::warn!(request_id = %log.request_id, resource = log.resource.as_deref().unwrap_or("-"), %reason, "upstream outcome unknown");
                 if let Some((state, connection)) = fenced {
-                    self.shared.resources.mark_unknown(state, reason, connection);
+                    self.shared
+                        .resources
+                        .mark_unknown(state, reason, connection);
                 }
                 let resource = log.resource.clone().unwrap_or_default();
                 self.refuse(log, Refusal::OutcomeUnknown { resource })
@@ -377,7 +484,11 @@ impl Fence {
 
     /// P1–P3, P8: admits `token` for `state` and returns the held shared
     /// guard, or the refusal.
-    async fn admit(&self, state: &Arc<ResourceState>, token: FencingToken) -> Result<InFlight, Refusal> {
+    async fn admit(
+        &self,
+        state: &Arc<ResourceState>,
+        token: FencingToken,
+    ) -> Result<InFlight, Refusal> {
         let t = token.get();
         let shared = &self.shared;
         let epoch = state.epoch();
@@ -402,7 +513,10 @@ impl Fence {
         // old-token writes arriving later queue behind it.
         let waiting = clock::now();
         let exclusive = state.exclusive().await;
-        shared.metrics.drain_wait.observe((clock::now() - waiting).as_secs_f64());
+        shared
+            .metrics
+            .drain_wait
+            .observe((clock::now() - waiting).as_secs_f64());
         let epoch = state.epoch();
         if t < epoch {
             return Err(stale(state, token, epoch));
@@ -415,8 +529,15 @@ impl Fence {
             }
             let persisting = clock::now();
             // P2: durable before any byte of this request goes upstream.
-            let stored = shared.store.raise(&state.name, t).await.map_err(|e| Refusal::StoreUnavailable(e.to_string()))?;
-            shared.metrics.epoch_persist.observe((clock::now() - persisting).as_secs_f64());
+            let stored = shared
+                .store
+                .raise(&state.name, t)
+                .await
+                .map_err(|e| Refusal::StoreUnavailable(e.to_string()))?;
+            shared
+                .metrics
+                .epoch_persist
+                .observe((clock::now() - persisting).as_secs_f64());
             state.set_epoch(stored);
             if t > epoch {
                 shared.metrics.epoch_advances.inc();
@@ -431,7 +552,12 @@ impl Fence {
 
     /// What a raise from `epoch` to `token` must pass: not indeterminate
     /// (P4), not a jump beyond the cap (P7 stand-in).
-    fn check_raise(&self, state: &ResourceState, token: FencingToken, epoch: u64) -> Result<(), Refusal> {
+    fn check_raise(
+        &self,
+        state: &ResourceState,
+        token: FencingToken,
+        epoch: u64,
+    ) -> Result<(), Refusal> {
         if let Some((status, retry_after)) = self.shared.resources.indeterminate(state) {
             return Err(Refusal::Rejected {
                 reason: RejectReason::Indeterminate,

@@ -14,7 +14,9 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::{CaptureConnection, Connected, Connection, HttpConnector};
+use hyper_util::client::legacy::connect::{
+    CaptureConnection, Connected, Connection, HttpConnector,
+};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -58,18 +60,29 @@ pub(crate) struct TrackedStream {
 
 impl Connection for TrackedStream {
     fn connected(&self) -> Connected {
-        self.inner.inner().connected().extra(ConnectionClosed(self.closed_rx.clone()))
+        self.inner
+            .inner()
+            .connected()
+            .extra(ConnectionClosed(self.closed_rx.clone()))
     }
 }
 
 impl Read for TrackedStream {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
 impl Write for TrackedStream {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -81,7 +94,11 @@ impl Write for TrackedStream {
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
     }
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 }
@@ -107,7 +124,11 @@ impl tower::Service<Uri> for TrackingConnector {
         Box::pin(async move {
             let io = connecting.await?;
             let (closed_tx, closed_rx) = watch::channel(());
-            Ok(TrackedStream { inner: io, closed_tx, closed_rx })
+            Ok(TrackedStream {
+                inner: io,
+                closed_tx,
+                closed_rx,
+            })
         })
     }
 }
@@ -139,7 +160,9 @@ pub struct Forward {
 
 impl std::fmt::Debug for Forward {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Forward").field("upstream", &self.upstream).finish_non_exhaustive()
+        f.debug_struct("Forward")
+            .field("upstream", &self.upstream)
+            .finish_non_exhaustive()
     }
 }
 
@@ -207,8 +230,13 @@ impl Forward {
         let (mut parts, body) = req.into_parts();
         let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let mut uri = self.upstream.clone().into_parts();
-        uri.path_and_query = Some(path_and_query.parse().map_err(|e| ForwardError::Connect(format!("bad path: {e}")))?);
-        parts.uri = Uri::from_parts(uri).map_err(|e| ForwardError::Connect(format!("bad uri: {e}")))?;
+        uri.path_and_query = Some(
+            path_and_query
+                .parse()
+                .map_err(|e| ForwardError::Connect(format!("bad path: {e}")))?,
+        );
+        parts.uri =
+            Uri::from_parts(uri).map_err(|e| ForwardError::Connect(format!("bad uri: {e}")))?;
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::HOST);
         parts.version = http::Version::HTTP_11;
@@ -225,18 +253,32 @@ impl Forward {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                Ok((Response::from_parts(parts, IdleTimeoutBody::new(body, self.body_idle)), elapsed))
+                Ok((
+                    Response::from_parts(parts, IdleTimeoutBody::new(body, self.body_idle)),
+                    elapsed,
+                ))
             }
             Ok(Err(e)) if e.is_connect() => Err(ForwardError::Connect(error_chain(&e))),
             Ok(Err(e)) => Err(ForwardError::OutcomeUnknown(error_chain(&e))),
-            Err(_) => Err(ForwardError::OutcomeUnknown(format!("no response headers within {:?}", self.response_timeout))),
+            Err(_) => Err(ForwardError::OutcomeUnknown(format!(
+                "no response headers within {:?}",
+                self.response_timeout
+            ))),
         }
     }
 
     /// A connection-level readiness probe: can we open a TCP connection?
     pub(crate) async fn probe(&self, timeout: Duration) -> Result<(), String> {
-        let authority = self.upstream.authority().map(|a| a.to_string()).unwrap_or_default();
-        let addr = if authority.contains(':') { authority } else { format!("{authority}:80") };
+        let authority = self
+            .upstream
+            .authority()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let addr = if authority.contains(':') {
+            authority
+        } else {
+            format!("{authority}:80")
+        };
         match tokio::time::timeout(timeout, TcpStream::connect(&addr)).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(format!("cannot connect to {addr}: {e}")),

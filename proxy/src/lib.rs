@@ -62,16 +62,25 @@ mod state;
 pub mod testing;
 
 pub use self::{
-    admin::{ClearIndeterminateRequest, ClearIndeterminateResponse, DEFAULT_PAGE, MAX_PAGE, RaiseEpochRequest, ResourcesPage},
+    admin::{
+        ClearIndeterminateRequest, ClearIndeterminateResponse, DEFAULT_PAGE, MAX_PAGE,
+        RaiseEpochRequest, ResourcesPage,
+    },
     admin_client::{AdminClient, AdminClientError},
     body::{BoxError, ProxyBody},
-    config::{ConfigError, DEFAULT_ADMIN_ADDR, DEFAULT_MAX_EPOCH_JUMP, Limits, ProxyConfig, SimpleConfig, Timeouts},
+    config::{
+        ConfigError, DEFAULT_ADMIN_ADDR, DEFAULT_MAX_EPOCH_JUMP, Limits, ProxyConfig, SimpleConfig,
+        Timeouts,
+    },
     epoch_store::{
-        AUDIT_LOG_FILE, EpochStore, OpenError, REJECTION_LOG_FILE, REJECTION_QUEUE_MAX, STORE_FILE, StoreError, StoreSnapshot,
+        AUDIT_LOG_FILE, EpochStore, OpenError, REJECTION_LOG_FILE, REJECTION_QUEUE_MAX, STORE_FILE,
+        StoreError, StoreSnapshot,
     },
     fence::{Fence, FenceLayer},
     forward::Forward,
-    names::{FencingToken, MAX_RESOURCE_NAME_BYTES, ResourceName, ResourceNameError, TokenParseError},
+    names::{
+        FencingToken, MAX_RESOURCE_NAME_BYTES, ResourceName, ResourceNameError, TokenParseError,
+    },
     problem::PROBLEM_TYPE_PREFIX,
     rejections::{RejectReason, RejectionRecord, RejectionsPage},
     routes::{PatternError, Route, RouteKind, Router},

@@ -93,10 +93,26 @@ impl Metrics {
             rejection_log_dropped: Counter::default(),
             registry: Registry::default(),
         };
-        registry.register("accepted", "Requests forwarded upstream, by route kind", m.accepted.clone());
-        registry.register("rejected", "Requests refused by the fence, by reason", m.rejected.clone());
-        registry.register("overloaded", "Requests shed because max_concurrent_requests were in flight", m.overloaded.clone());
-        registry.register("epoch_advances", "Times a higher token raised a resource's epoch", m.epoch_advances.clone());
+        registry.register(
+            "accepted",
+            "Requests forwarded upstream, by route kind",
+            m.accepted.clone(),
+        );
+        registry.register(
+            "rejected",
+            "Requests refused by the fence, by reason",
+            m.rejected.clone(),
+        );
+        registry.register(
+            "overloaded",
+            "Requests shed because max_concurrent_requests were in flight",
+            m.overloaded.clone(),
+        );
+        registry.register(
+            "epoch_advances",
+            "Times a higher token raised a resource's epoch",
+            m.epoch_advances.clone(),
+        );
         registry.register_with_unit(
             "drain_wait",
             "Time a higher token waited for lower-token writes in flight to finish (P3)",
@@ -108,7 +124,11 @@ impl Metrics {
             "Resources whose last write has an unknown outcome (P4)",
             m.indeterminate_resources.clone(),
         );
-        registry.register("upstream_errors", "Upstream calls that failed, by kind", m.upstream_errors.clone());
+        registry.register(
+            "upstream_errors",
+            "Upstream calls that failed, by kind",
+            m.upstream_errors.clone(),
+        );
         registry.register_with_unit(
             "upstream_latency",
             "From forwarding a request to the upstream's response headers",
@@ -127,8 +147,16 @@ impl Metrics {
             Unit::Seconds,
             m.epoch_persist.clone(),
         );
-        registry.register("in_flight_requests", "Requests being handled", m.in_flight.clone());
-        registry.register("resources", "Resources tracked in memory", m.resources.clone());
+        registry.register(
+            "in_flight_requests",
+            "Requests being handled",
+            m.in_flight.clone(),
+        );
+        registry.register(
+            "resources",
+            "Resources tracked in memory",
+            m.resources.clone(),
+        );
         registry.register(
             "rejection_log_dropped",
             "Rejection records dropped because the writer queue was full",
@@ -138,11 +166,17 @@ impl Metrics {
     }
 
     pub(crate) fn rejected(&self, reason: RejectReason) {
-        self.rejected.get_or_create(&ReasonLabels { reason: reason.as_str().to_owned() }).inc();
+        self.rejected
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str().to_owned(),
+            })
+            .inc();
     }
 
     pub(crate) fn upstream_error(&self, kind: UpstreamError) {
-        self.upstream_errors.get_or_create(&UpstreamErrorLabels { kind }).inc();
+        self.upstream_errors
+            .get_or_create(&UpstreamErrorLabels { kind })
+            .inc();
     }
 
     /// The OpenMetrics text exposition.

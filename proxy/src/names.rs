@@ -163,23 +163,45 @@ mod tests {
             assert!(ResourceName::new(ok).is_ok(), "{ok}");
         }
         assert_eq!(ResourceName::new(""), Err(ResourceNameError::Empty));
-        assert_eq!(ResourceName::new("a".repeat(257)), Err(ResourceNameError::TooLong { len: 257 }));
-        assert_eq!(ResourceName::new("a b"), Err(ResourceNameError::BadChar { ch: ' ', at: 1 }));
+        assert_eq!(
+            ResourceName::new("a".repeat(257)),
+            Err(ResourceNameError::TooLong { len: 257 })
+        );
+        assert_eq!(
+            ResourceName::new("a b"),
+            Err(ResourceNameError::BadChar { ch: ' ', at: 1 })
+        );
         assert_eq!(ResourceName::new("/a"), Err(ResourceNameError::EdgeSlash));
         assert_eq!(ResourceName::new("a/"), Err(ResourceNameError::EdgeSlash));
-        assert_eq!(ResourceName::new("a//b"), Err(ResourceNameError::DoubleSlash));
+        assert_eq!(
+            ResourceName::new("a//b"),
+            Err(ResourceNameError::DoubleSlash)
+        );
         assert_eq!(ResourceName::new("a/../b"), Err(ResourceNameError::DotDot));
-        assert!(matches!(ResourceName::new("é"), Err(ResourceNameError::BadChar { .. })));
+        assert!(matches!(
+            ResourceName::new("é"),
+            Err(ResourceNameError::BadChar { .. })
+        ));
     }
 
     #[test]
     fn tokens_are_strict_decimal_u64() {
         assert_eq!(FencingToken::parse(b"42"), Ok(FencingToken::new(42)));
-        assert_eq!(FencingToken::parse(b"18446744073709551615"), Ok(FencingToken::new(u64::MAX)));
-        assert_eq!(FencingToken::parse(b"18446744073709551616"), Err(TokenParseError::TooLarge));
+        assert_eq!(
+            FencingToken::parse(b"18446744073709551615"),
+            Ok(FencingToken::new(u64::MAX))
+        );
+        assert_eq!(
+            FencingToken::parse(b"18446744073709551616"),
+            Err(TokenParseError::TooLarge)
+        );
         assert_eq!(FencingToken::parse(b""), Err(TokenParseError::Empty));
         for bad in [&b" 42"[..], b"+42", b"-1", b"4 2", b"0x2a", b"42\n"] {
-            assert_eq!(FencingToken::parse(bad), Err(TokenParseError::NotDecimal), "{bad:?}");
+            assert_eq!(
+                FencingToken::parse(bad),
+                Err(TokenParseError::NotDecimal),
+                "{bad:?}"
+            );
         }
     }
 }

@@ -30,7 +30,9 @@ pub(crate) enum Refusal {
     #[error("{0}")]
     UpstreamUnreachable(String),
     /// Bytes went upstream and then the call timed out or was reset (P4).
-    #[error("the upstream call for resource {resource} timed out or was reset after the request was sent; its outcome is unknown and it will not be retried")]
+    #[error(
+        "the upstream call for resource {resource} timed out or was reset after the request was sent; its outcome is unknown and it will not be retried"
+    )]
     OutcomeUnknown { resource: String },
     /// The epoch store could not persist a raise; nothing was sent.
     #[error("the epoch store is unavailable: {0}")]
@@ -71,7 +73,9 @@ impl Refusal {
                 | RejectReason::ResourceMismatch
                 | RejectReason::AmbiguousRequest
                 | RejectReason::InvalidResource => StatusCode::BAD_REQUEST,
-                RejectReason::Indeterminate | RejectReason::TooManyResources => StatusCode::SERVICE_UNAVAILABLE,
+                RejectReason::Indeterminate | RejectReason::TooManyResources => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
                 RejectReason::TokenJumpTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
                 RejectReason::NoRoute => StatusCode::NOT_FOUND,
                 RejectReason::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -86,19 +90,48 @@ impl Refusal {
     fn slug_and_title(&self) -> (&'static str, &'static str) {
         match self {
             Self::Rejected { reason, .. } => match reason {
-                RejectReason::StaleToken => ("stale-token", "Fencing token is older than the resource's epoch"),
-                RejectReason::MissingToken => ("missing-token", "This route is a write and needs a fencing token"),
-                RejectReason::MalformedToken => ("malformed-token", "The fencing token is not a decimal u64"),
-                RejectReason::ResourceMismatch => ("resource-mismatch", "The resource header disagrees with the route"),
-                RejectReason::Indeterminate => ("indeterminate", "The resource's last write has an unknown outcome"),
-                RejectReason::TokenJumpTooLarge => ("token-jump-too-large", "The token is too far above the resource's epoch"),
+                RejectReason::StaleToken => (
+                    "stale-token",
+                    "Fencing token is older than the resource's epoch",
+                ),
+                RejectReason::MissingToken => (
+                    "missing-token",
+                    "This route is a write and needs a fencing token",
+                ),
+                RejectReason::MalformedToken => {
+                    ("malformed-token", "The fencing token is not a decimal u64")
+                }
+                RejectReason::ResourceMismatch => (
+                    "resource-mismatch",
+                    "The resource header disagrees with the route",
+                ),
+                RejectReason::Indeterminate => (
+                    "indeterminate",
+                    "The resource's last write has an unknown outcome",
+                ),
+                RejectReason::TokenJumpTooLarge => (
+                    "token-jump-too-large",
+                    "The token is too far above the resource's epoch",
+                ),
                 RejectReason::NoRoute => ("no-route", "No configured route matches this request"),
-                RejectReason::AmbiguousRequest => ("ambiguous-request", "The request path or query is ambiguous"),
-                RejectReason::InvalidResource => ("invalid-resource", "The route names an invalid resource"),
-                RejectReason::TooManyResources => ("too-many-resources", "The proxy tracks its maximum number of resources"),
-                RejectReason::BodyTooLarge => ("body-too-large", "The request body is larger than allowed"),
+                RejectReason::AmbiguousRequest => (
+                    "ambiguous-request",
+                    "The request path or query is ambiguous",
+                ),
+                RejectReason::InvalidResource => {
+                    ("invalid-resource", "The route names an invalid resource")
+                }
+                RejectReason::TooManyResources => (
+                    "too-many-resources",
+                    "The proxy tracks its maximum number of resources",
+                ),
+                RejectReason::BodyTooLarge => {
+                    ("body-too-large", "The request body is larger than allowed")
+                }
             },
-            Self::UpstreamUnreachable(_) => ("upstream-unreachable", "The upstream could not be reached"),
+            Self::UpstreamUnreachable(_) => {
+                ("upstream-unreachable", "The upstream could not be reached")
+            }
             Self::OutcomeUnknown { .. } => ("outcome-unknown", "The write's outcome is unknown"),
             Self::StoreUnavailable(_) => ("store-unavailable", "The epoch store is unavailable"),
             Self::Overloaded => ("overloaded", "The proxy is overloaded"),
@@ -111,9 +144,18 @@ impl Refusal {
         let status = self.status();
         let (slug, title) = self.slug_and_title();
         let (resource, presented_token, current_epoch, retry_after) = match &self {
-            Self::Rejected { resource, presented_token, current_epoch, retry_after_secs, .. } => {
-                (resource.as_deref(), *presented_token, *current_epoch, *retry_after_secs)
-            }
+            Self::Rejected {
+                resource,
+                presented_token,
+                current_epoch,
+                retry_after_secs,
+                ..
+            } => (
+                resource.as_deref(),
+                *presented_token,
+                *current_epoch,
+                *retry_after_secs,
+            ),
             Self::OutcomeUnknown { resource } => (Some(resource.as_str()), None, None, None),
             Self::Overloaded | Self::StoreUnavailable(_) => (None, None, None, Some(1)),
             _ => (None, None, None, None),
@@ -129,12 +171,21 @@ impl Refusal {
             request_id,
         };
         let json = serde_json::to_vec(&body).unwrap_or_default();
-        let mut resp = Response::new(Full::new(Bytes::from(json)).map_err(|never| match never {}).boxed());
+        let mut resp = Response::new(
+            Full::new(Bytes::from(json))
+                .map_err(|never| match never {})
+                .boxed(),
+        );
         *resp.status_mut() = status;
-        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-        resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        resp.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Some(secs) = retry_after {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }
@@ -169,6 +220,9 @@ pub(crate) fn admin_error_response(err: &crate::admin::AdminError) -> axum::resp
     });
     let mut resp = axum::response::Response::new(axum::body::Body::from(body.to_string()));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
     resp
 }

@@ -111,7 +111,9 @@ pub enum PatternError {
     #[error("literal {0:?} contains '{{', '}}' or '*'; a capture is a whole segment like {{name}}")]
     BadLiteral(String),
     /// The resource template uses a variable no pattern captures.
-    #[error("resource template uses {{{0}}}, which this route's path, query or headers do not capture")]
+    #[error(
+        "resource template uses {{{0}}}, which this route's path, query or headers do not capture"
+    )]
     UnboundVariable(String),
     /// The resource template cannot produce a valid name.
     #[error("resource template {template:?} cannot produce a valid resource name: {source}")]
@@ -158,7 +160,10 @@ impl PathPattern {
                 segments.push(Segment::Literal((*piece).to_owned()));
             }
         }
-        Ok(Self { raw: raw.to_owned(), segments })
+        Ok(Self {
+            raw: raw.to_owned(),
+            segments,
+        })
     }
 
     fn captures(&self) -> impl Iterator<Item = &str> {
@@ -214,7 +219,9 @@ impl ResourceTemplate {
                     parts.push(TemplatePart::Literal(rest.to_owned()));
                     break;
                 }
-                Some(at) if rest.as_bytes()[at] == b'}' => return Err(PatternError::UnbalancedBrace),
+                Some(at) if rest.as_bytes()[at] == b'}' => {
+                    return Err(PatternError::UnbalancedBrace);
+                }
                 Some(at) => {
                     if at > 0 {
                         parts.push(TemplatePart::Literal(rest[..at].to_owned()));
@@ -229,13 +236,19 @@ impl ResourceTemplate {
                 }
             }
         }
-        let template = Self { raw: raw.to_owned(), parts };
+        let template = Self {
+            raw: raw.to_owned(),
+            parts,
+        };
         // A template must be able to produce a valid name: try it with a
         // harmless value for every variable.
         let probe: HashMap<&str, &str> = template.vars().map(|v| (v, "x")).collect();
         template
             .render(&probe)
-            .map_err(|source| PatternError::InvalidTemplate { template: raw.to_owned(), source })?;
+            .map_err(|source| PatternError::InvalidTemplate {
+                template: raw.to_owned(),
+                source,
+            })?;
         Ok(template)
     }
 
@@ -259,7 +272,10 @@ impl ResourceTemplate {
 
     /// A template without variables: the simple `--resource NAME` case.
     pub(crate) fn fixed(name: &ResourceName) -> Self {
-        Self { raw: name.to_string(), parts: vec![TemplatePart::Literal(name.to_string())] }
+        Self {
+            raw: name.to_string(),
+            parts: vec![TemplatePart::Literal(name.to_string())],
+        }
     }
 }
 
@@ -282,22 +298,34 @@ impl Route {
         kind: RouteKind,
     ) -> Result<Self, PatternError> {
         let mut seen: Vec<&str> = Vec::new();
-        let value_caps = query.iter().map(|(_, p)| p).chain(headers.iter().map(|(_, p)| p)).filter_map(|p| match p {
-            ValuePattern::Capture(n) => Some(n.as_str()),
-            _ => None,
-        });
+        let value_caps = query
+            .iter()
+            .map(|(_, p)| p)
+            .chain(headers.iter().map(|(_, p)| p))
+            .filter_map(|p| match p {
+                ValuePattern::Capture(n) => Some(n.as_str()),
+                _ => None,
+            });
         for cap in path.captures().chain(value_caps) {
             if seen.contains(&cap) {
                 return Err(PatternError::DuplicateCapture(cap.to_owned()));
             }
             seen.push(cap);
         }
-        if let Some(t) = &resource {
-            if let Some(v) = t.vars().find(|v| !seen.contains(v)) {
-                return Err(PatternError::UnboundVariable(v.to_owned()));
-            }
+        if let Some(t) = &resource
+            && let Some(v) = t.vars().find(|v| !seen.contains(v))
+        {
+            return Err(PatternError::UnboundVariable(v.to_owned()));
         }
-        Ok(Self { name, methods, path, query, headers, resource, kind })
+        Ok(Self {
+            name,
+            methods,
+            path,
+            query,
+            headers,
+            resource,
+            kind,
+        })
     }
 }
 
@@ -314,12 +342,20 @@ pub(crate) struct Classified<'r> {
 pub(crate) enum ClassifyError {
     #[error("no configured route matches this request")]
     NoRoute,
-    #[error("the path contains a '.' or '..' segment or an encoded '.', '/' or '\\'; refusing an ambiguous path")]
+    #[error(
+        "the path contains a '.' or '..' segment or an encoded '.', '/' or '\\'; refusing an ambiguous path"
+    )]
     AmbiguousPath,
-    #[error("the {0} {1:?} appears more than once and the route depends on it; refusing an ambiguous request")]
+    #[error(
+        "the {0} {1:?} appears more than once and the route depends on it; refusing an ambiguous request"
+    )]
     Repeated(&'static str, String),
     #[error("the resource named by route {route:?} is invalid: {source}")]
-    InvalidResource { route: String, route_template: String, source: ResourceNameError },
+    InvalidResource {
+        route: String,
+        route_template: String,
+        source: ResourceNameError,
+    },
 }
 
 /// The ordered route table.
@@ -340,7 +376,9 @@ fn path_is_ambiguous(path: &str) -> bool {
 /// Decodes one `application/x-www-form-urlencoded` component.
 fn form_decode(s: &str) -> String {
     let plus = s.replace('+', " ");
-    percent_encoding::percent_decode_str(&plus).decode_utf8_lossy().into_owned()
+    percent_encoding::percent_decode_str(&plus)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 impl Router {
@@ -353,7 +391,12 @@ impl Router {
         &self.routes
     }
 
-    pub(crate) fn classify(&self, method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<Classified<'_>, ClassifyError> {
+    pub(crate) fn classify(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+    ) -> Result<Classified<'_>, ClassifyError> {
         let path = uri.path();
         if path_is_ambiguous(path) {
             return Err(ClassifyError::AmbiguousPath);
@@ -371,19 +414,22 @@ impl Router {
             .collect();
 
         'routes: for route in &self.routes {
-            if let Some(methods) = &route.methods {
-                if !methods.contains(method) {
-                    continue;
-                }
+            if let Some(methods) = &route.methods
+                && !methods.contains(method)
+            {
+                continue;
             }
             let mut caps: Vec<(String, &str)> = Vec::new();
             if !route.path.matches(&path_segments, &mut caps) {
                 continue;
             }
-            let mut owned_caps: Vec<(String, String)> = caps.into_iter().map(|(k, v)| (k, v.to_owned())).collect();
+            let mut owned_caps: Vec<(String, String)> =
+                caps.into_iter().map(|(k, v)| (k, v.to_owned())).collect();
             for (key, pattern) in &route.query {
                 let mut values = query.iter().filter(|(k, _)| k == key).map(|(_, v)| v);
-                let Some(value) = values.next() else { continue 'routes };
+                let Some(value) = values.next() else {
+                    continue 'routes;
+                };
                 if values.next().is_some() {
                     return Err(ClassifyError::Repeated("query parameter", key.clone()));
                 }
@@ -393,11 +439,15 @@ impl Router {
             }
             for (name, pattern) in &route.headers {
                 let mut values = headers.get_all(name).iter();
-                let Some(value) = values.next() else { continue 'routes };
+                let Some(value) = values.next() else {
+                    continue 'routes;
+                };
                 if values.next().is_some() {
                     return Err(ClassifyError::Repeated("header", name.to_string()));
                 }
-                let Ok(value) = value.to_str() else { continue 'routes };
+                let Ok(value) = value.to_str() else {
+                    continue 'routes;
+                };
                 if !value_matches(pattern, value, &mut owned_caps) {
                     continue 'routes;
                 }
@@ -405,12 +455,18 @@ impl Router {
             let resource = match &route.resource {
                 None => None,
                 Some(t) => {
-                    let values: HashMap<&str, &str> = owned_caps.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                    Some(t.render(&values).map_err(|source| ClassifyError::InvalidResource {
-                        route: route.name.clone(),
-                        route_template: route.path.raw.clone(),
-                        source,
-                    })?)
+                    let values: HashMap<&str, &str> = owned_caps
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .collect();
+                    Some(
+                        t.render(&values)
+                            .map_err(|source| ClassifyError::InvalidResource {
+                                route: route.name.clone(),
+                                route_template: route.path.raw.clone(),
+                                source,
+                            })?,
+                    )
                 }
             };
             return Ok(Classified { route, resource });
@@ -434,12 +490,21 @@ fn value_matches(pattern: &ValuePattern, value: &str, caps: &mut Vec<(String, St
 mod tests {
     use super::*;
 
-    fn route(methods: Option<&[&str]>, path: &str, query: &[(&str, &str)], resource: Option<&str>, kind: RouteKind) -> Route {
+    fn route(
+        methods: Option<&[&str]>,
+        path: &str,
+        query: &[(&str, &str)],
+        resource: Option<&str>,
+        kind: RouteKind,
+    ) -> Route {
         Route::new(
             path.to_owned(),
             methods.map(|m| m.iter().map(|m| m.parse().unwrap()).collect()),
             PathPattern::parse(path).unwrap(),
-            query.iter().map(|(k, v)| ((*k).to_owned(), ValuePattern::parse(v).unwrap())).collect(),
+            query
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), ValuePattern::parse(v).unwrap()))
+                .collect(),
             vec![],
             resource.map(|r| ResourceTemplate::parse(r).unwrap()),
             kind,
@@ -447,16 +512,36 @@ mod tests {
         .unwrap()
     }
 
-    fn classify<'r>(router: &'r Router, method: &str, uri: &str) -> Result<Classified<'r>, ClassifyError> {
-        router.classify(&method.parse().unwrap(), &uri.parse().unwrap(), &HeaderMap::new())
+    fn classify<'r>(
+        router: &'r Router,
+        method: &str,
+        uri: &str,
+    ) -> Result<Classified<'r>, ClassifyError> {
+        router.classify(
+            &method.parse().unwrap(),
+            &uri.parse().unwrap(),
+            &HeaderMap::new(),
+        )
     }
 
     #[test]
     fn templates_capture_path_and_query() {
         let router = Router::new(vec![
             route(Some(&["GET"]), "/ping", &[], None, RouteKind::Read),
-            route(None, "/db/{name}/*", &[], Some("db/{name}"), RouteKind::Write),
-            route(Some(&["POST"]), "/write", &[("db", "{db}")], Some("influx/{db}"), RouteKind::Write),
+            route(
+                None,
+                "/db/{name}/*",
+                &[],
+                Some("db/{name}"),
+                RouteKind::Write,
+            ),
+            route(
+                Some(&["POST"]),
+                "/write",
+                &[("db", "{db}")],
+                Some("influx/{db}"),
+                RouteKind::Write,
+            ),
         ]);
         let c = classify(&router, "PUT", "/db/orders/rows/7").unwrap();
         assert_eq!(c.resource.unwrap().as_str(), "db/orders");
@@ -465,37 +550,86 @@ mod tests {
         assert_eq!(c.resource.unwrap().as_str(), "db/orders");
         let c = classify(&router, "POST", "/write?precision=s&db=metrics").unwrap();
         assert_eq!(c.resource.unwrap().as_str(), "influx/metrics");
-        assert_eq!(classify(&router, "GET", "/ping").unwrap().route.kind(), RouteKind::Read);
+        assert_eq!(
+            classify(&router, "GET", "/ping").unwrap().route.kind(),
+            RouteKind::Read
+        );
         // Default deny: nothing matches, nothing is forwarded.
-        assert_eq!(classify(&router, "POST", "/ping").unwrap_err(), ClassifyError::NoRoute);
-        assert_eq!(classify(&router, "POST", "/write").unwrap_err(), ClassifyError::NoRoute);
+        assert_eq!(
+            classify(&router, "POST", "/ping").unwrap_err(),
+            ClassifyError::NoRoute
+        );
+        assert_eq!(
+            classify(&router, "POST", "/write").unwrap_err(),
+            ClassifyError::NoRoute
+        );
     }
 
     #[test]
     fn ambiguous_requests_are_refused() {
-        let router = Router::new(vec![route(None, "/*", &[("db", "{db}")], Some("x/{db}"), RouteKind::Write)]);
+        let router = Router::new(vec![route(
+            None,
+            "/*",
+            &[("db", "{db}")],
+            Some("x/{db}"),
+            RouteKind::Write,
+        )]);
         for p in ["/ping/../write", "/./write", "/p%2E/x", "/a%2fb", "/a\\b"] {
-            assert_eq!(classify(&router, "GET", p).unwrap_err(), ClassifyError::AmbiguousPath, "{p}");
+            assert_eq!(
+                classify(&router, "GET", p).unwrap_err(),
+                ClassifyError::AmbiguousPath,
+                "{p}"
+            );
         }
-        assert!(matches!(classify(&router, "GET", "/q?db=a&db=b"), Err(ClassifyError::Repeated(..))));
-        assert!(matches!(classify(&router, "GET", "/q?db=a%20b"), Err(ClassifyError::InvalidResource { .. })));
+        assert!(matches!(
+            classify(&router, "GET", "/q?db=a&db=b"),
+            Err(ClassifyError::Repeated(..))
+        ));
+        assert!(matches!(
+            classify(&router, "GET", "/q?db=a%20b"),
+            Err(ClassifyError::InvalidResource { .. })
+        ));
     }
 
     #[test]
     fn query_values_are_decoded_before_exact_match() {
-        let router = Router::new(vec![route(Some(&["GET"]), "/query", &[("q", "SHOW DATABASES")], None, RouteKind::Read)]);
+        let router = Router::new(vec![route(
+            Some(&["GET"]),
+            "/query",
+            &[("q", "SHOW DATABASES")],
+            None,
+            RouteKind::Read,
+        )]);
         assert!(classify(&router, "GET", "/query?q=SHOW+DATABASES").is_ok());
         assert!(classify(&router, "GET", "/query?q=SHOW%20DATABASES").is_ok());
-        assert_eq!(classify(&router, "GET", "/query?q=DROP+DATABASE+x").unwrap_err(), ClassifyError::NoRoute);
+        assert_eq!(
+            classify(&router, "GET", "/query?q=DROP+DATABASE+x").unwrap_err(),
+            ClassifyError::NoRoute
+        );
     }
 
     #[test]
     fn bad_patterns_are_refused() {
-        assert_eq!(PathPattern::parse("x").unwrap_err(), PatternError::NoLeadingSlash);
-        assert_eq!(PathPattern::parse("/*/x").unwrap_err(), PatternError::MisplacedRest);
-        assert_eq!(PathPattern::parse("/a{b}").unwrap_err(), PatternError::BadLiteral("a{b}".into()));
-        assert!(matches!(ResourceTemplate::parse("/db"), Err(PatternError::InvalidTemplate { .. })));
-        assert_eq!(ResourceTemplate::parse("db/{x").unwrap_err(), PatternError::UnbalancedBrace);
+        assert_eq!(
+            PathPattern::parse("x").unwrap_err(),
+            PatternError::NoLeadingSlash
+        );
+        assert_eq!(
+            PathPattern::parse("/*/x").unwrap_err(),
+            PatternError::MisplacedRest
+        );
+        assert_eq!(
+            PathPattern::parse("/a{b}").unwrap_err(),
+            PatternError::BadLiteral("a{b}".into())
+        );
+        assert!(matches!(
+            ResourceTemplate::parse("/db"),
+            Err(PatternError::InvalidTemplate { .. })
+        ));
+        assert_eq!(
+            ResourceTemplate::parse("db/{x").unwrap_err(),
+            PatternError::UnbalancedBrace
+        );
         let err = Route::new(
             "r".into(),
             None,

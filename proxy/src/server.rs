@@ -101,12 +101,24 @@ pub async fn start_with_shutdown(
             .map_err(|e| StartError::Internal(e.to_string()))??
     };
     let bind = |what: &'static str, addr: SocketAddr| async move {
-        TcpListener::bind(addr).await.map_err(|source| StartError::Bind { what, addr, source })
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { what, addr, source })
     };
     let listener = bind("proxy", config.listen).await?;
     let admin_listener = bind("admin", config.admin).await?;
-    let listen = listener.local_addr().map_err(|source| StartError::Bind { what: "proxy", addr: config.listen, source })?;
-    let admin_addr = admin_listener.local_addr().map_err(|source| StartError::Bind { what: "admin", addr: config.admin, source })?;
+    let listen = listener.local_addr().map_err(|source| StartError::Bind {
+        what: "proxy",
+        addr: config.listen,
+        source,
+    })?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind {
+            what: "admin",
+            addr: config.admin,
+            source,
+        })?;
 
     let metrics = Arc::new(Metrics::new());
     let resources = Resources::new(
@@ -117,7 +129,12 @@ pub async fn start_with_shutdown(
         !snapshot.clean_shutdown,
         metrics.clone(),
     );
-    let shared = Arc::new(FenceShared::new(config.clone(), store.clone(), resources.clone(), metrics.clone()));
+    let shared = Arc::new(FenceShared::new(
+        config.clone(),
+        store.clone(),
+        resources.clone(),
+        metrics.clone(),
+    ));
     let forward = Forward::new(&config);
 
     // The layer stack, outermost first:
@@ -155,9 +172,12 @@ pub async fn start_with_shutdown(
     let admin_app = admin::router(shared.clone(), forward);
     let admin_shutdown = shutdown.clone();
     let admin_task = tokio::spawn(async move {
-        let served = axum::serve(admin_listener, admin_app.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(async move { admin_shutdown.cancelled().await })
-            .await;
+        let served = axum::serve(
+            admin_listener,
+            admin_app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { admin_shutdown.cancelled().await })
+        .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "admin server stopped");
         }
@@ -214,7 +234,10 @@ pub async fn start_with_shutdown(
             }
         }
         drop(listener);
-        tracing::info!(?grace, "shutting down: no new connections; waiting for in-flight requests");
+        tracing::info!(
+            ?grace,
+            "shutting down: no new connections; waiting for in-flight requests"
+        );
         let drained = tokio::select! {
             () = graceful.shutdown() => true,
             () = tokio::time::sleep(grace) => {
@@ -231,5 +254,10 @@ pub async fn start_with_shutdown(
         tracing::info!("proxy stopped");
     });
     tracing::info!(%listen, admin = %admin_addr, upstream = %config.upstream, floor = snapshot.floor, "proxy listening");
-    Ok(ProxyHandle { listen, admin: admin_addr, shutdown, task })
+    Ok(ProxyHandle {
+        listen,
+        admin: admin_addr,
+        shutdown,
+        task,
+    })
 }

@@ -70,7 +70,12 @@ impl Drop for InFlight {
 }
 
 impl ResourceState {
-    fn new(name: ResourceName, epoch: u64, persisted: bool, indeterminate: Option<Indeterminate>) -> Self {
+    fn new(
+        name: ResourceName,
+        epoch: u64,
+        persisted: bool,
+        indeterminate: Option<Indeterminate>,
+    ) -> Self {
         Self {
             name,
             epoch: AtomicU64::new(epoch),
@@ -100,7 +105,10 @@ impl ResourceState {
 
     pub(crate) fn enter(self: &Arc<Self>, guard: OwnedRwLockReadGuard<()>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight { state: self.clone(), _guard: guard }
+        InFlight {
+            state: self.clone(),
+            _guard: guard,
+        }
     }
 
     pub(crate) fn in_flight(&self) -> u64 {
@@ -199,9 +207,13 @@ impl Resources {
             })
             .collect();
         let count = map.len();
-        metrics.resources.set(i64::try_from(count).unwrap_or(i64::MAX));
+        metrics
+            .resources
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
         if unclean_start {
-            metrics.indeterminate_resources.set(i64::try_from(count).unwrap_or(i64::MAX));
+            metrics
+                .indeterminate_resources
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
         let this = Arc::new(Self {
             map: Mutex::new(map),
@@ -214,7 +226,11 @@ impl Resources {
             metrics,
         });
         if unclean_start && count > 0 {
-            tracing::warn!(resources = count, ?quarantine, "previous stop was unclean; every known resource is indeterminate until the quarantine passes");
+            tracing::warn!(
+                resources = count,
+                ?quarantine,
+                "previous stop was unclean; every known resource is indeterminate until the quarantine passes"
+            );
             let sweeper = this.clone();
             let shutdown = this.shutdown.clone();
             this.tasks.spawn(async move {
@@ -239,7 +255,10 @@ impl Resources {
         lock(&self.map).get(name).cloned()
     }
 
-    pub(crate) fn get_or_create(&self, name: &ResourceName) -> Result<Arc<ResourceState>, TooManyResources> {
+    pub(crate) fn get_or_create(
+        &self,
+        name: &ResourceName,
+    ) -> Result<Arc<ResourceState>, TooManyResources> {
         let mut map = lock(&self.map);
         if let Some(s) = map.get(name) {
             return Ok(s.clone());
@@ -249,7 +268,9 @@ impl Resources {
         }
         let state = Arc::new(ResourceState::new(name.clone(), self.floor, false, None));
         map.insert(name.clone(), state.clone());
-        self.metrics.resources.set(i64::try_from(map.len()).unwrap_or(i64::MAX));
+        self.metrics
+            .resources
+            .set(i64::try_from(map.len()).unwrap_or(i64::MAX));
         Ok(state)
     }
 
@@ -275,19 +296,28 @@ impl Resources {
 
     /// If the resource is indeterminate: its status and the Retry-After to
     /// give a higher token (seconds, at least 1).
-    pub(crate) fn indeterminate(&self, state: &ResourceState) -> Option<(IndeterminateStatus, u64)> {
+    pub(crate) fn indeterminate(
+        &self,
+        state: &ResourceState,
+    ) -> Option<(IndeterminateStatus, u64)> {
         let now = clock::now();
         let ceil_secs = |d: Duration| d.as_secs() + u64::from(d.subsec_nanos() > 0);
         let mut guard = lock(&state.indeterminate);
         // The quarantine may have passed without its timer having run yet.
-        if guard.as_ref().is_some_and(|i| i.open_connections == 0 && i.quarantine_until.is_some_and(|u| u <= now)) {
+        if guard.as_ref().is_some_and(|i| {
+            i.open_connections == 0 && i.quarantine_until.is_some_and(|u| u <= now)
+        }) {
             *guard = None;
             self.metrics.indeterminate_resources.dec();
             tracing::info!(resource = %state.name, "quarantine passed; resource is no longer indeterminate");
         }
         let ind = guard.as_ref()?;
-        let remaining = ind.quarantine_until.map(|u| ceil_secs(u.saturating_duration_since(now)));
-        let retry_after = remaining.unwrap_or_else(|| ceil_secs(self.quarantine)).max(1);
+        let remaining = ind
+            .quarantine_until
+            .map(|u| ceil_secs(u.saturating_duration_since(now)));
+        let retry_after = remaining
+            .unwrap_or_else(|| ceil_secs(self.quarantine))
+            .max(1);
         Some((
             IndeterminateStatus {
                 since: ind.since.clone(),
@@ -302,7 +332,12 @@ impl Resources {
     /// Marks the resource indeterminate after an unknown outcome (P4). The
     /// quarantine starts once `connection` has closed (at once when it was
     /// not captured, which means it never carried the request far).
-    pub(crate) fn mark_unknown(self: &Arc<Self>, state: &Arc<ResourceState>, reason: String, connection: Option<ConnectionClosed>) {
+    pub(crate) fn mark_unknown(
+        self: &Arc<Self>,
+        state: &Arc<ResourceState>,
+        reason: String,
+        connection: Option<ConnectionClosed>,
+    ) {
         let episode = {
             let mut ind = lock(&state.indeterminate);
             match ind.as_mut() {
@@ -351,7 +386,9 @@ impl Resources {
     async fn connection_closed(&self, state: &ResourceState, episode: u64) {
         let (until, generation) = {
             let mut ind = lock(&state.indeterminate);
-            let Some(i) = ind.as_mut().filter(|i| i.episode == episode) else { return };
+            let Some(i) = ind.as_mut().filter(|i| i.episode == episode) else {
+                return;
+            };
             i.open_connections = i.open_connections.saturating_sub(1);
             if i.open_connections > 0 {
                 return;
@@ -361,7 +398,9 @@ impl Resources {
             (until, i.generation)
         };
         tokio::time::sleep_until(until).await;
-        let due = lock(&state.indeterminate).as_ref().is_some_and(|i| i.episode == episode && i.generation == generation);
+        let due = lock(&state.indeterminate)
+            .as_ref()
+            .is_some_and(|i| i.episode == episode && i.generation == generation);
         if due {
             // Clears it when the quarantine has indeed passed.
             let _ = self.indeterminate(state);
@@ -380,7 +419,9 @@ impl Resources {
 
     /// Whether any resource is indeterminate now.
     pub(crate) fn any_indeterminate(&self) -> bool {
-        self.list(None, usize::MAX).iter().any(|s| self.indeterminate(s).is_some())
+        self.list(None, usize::MAX)
+            .iter()
+            .any(|s| self.indeterminate(s).is_some())
     }
 
     /// Stops the quarantine tasks.

@@ -50,7 +50,9 @@ pub struct TestUpstream {
 
 impl std::fmt::Debug for TestUpstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestUpstream").field("addr", &self.addr).finish_non_exhaustive()
+        f.debug_struct("TestUpstream")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 
@@ -70,12 +72,20 @@ impl TestUpstream {
             while let Ok((stream, _)) = listener.accept().await {
                 let (i, c) = (i.clone(), c.clone());
                 tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| handle(i.clone(), c.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                    let svc =
+                        hyper::service::service_fn(move |req| handle(i.clone(), c.clone(), req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
                 });
             }
         });
-        Ok(Self { addr, inner, changed, task: Arc::new(task) })
+        Ok(Self {
+            addr,
+            inner,
+            changed,
+            task: Arc::new(task),
+        })
     }
 
     /// Its address.
@@ -111,7 +121,11 @@ impl TestUpstream {
 
     /// How many requests with `token` have arrived.
     pub fn arrivals(&self, token: u64) -> usize {
-        lock(&self.inner).events.iter().filter(|e| **e == UpstreamEvent::Arrived(Some(token))).count()
+        lock(&self.inner)
+            .events
+            .iter()
+            .filter(|e| **e == UpstreamEvent::Arrived(Some(token)))
+            .count()
     }
 
     /// Waits until `n` requests with `token` arrived; `false` after `timeout`.
@@ -146,12 +160,18 @@ impl TestUpstream {
 
     /// Whether a request with `token` has arrived.
     pub fn has_arrived(&self, token: u64) -> bool {
-        lock(&self.inner).events.contains(&UpstreamEvent::Arrived(Some(token)))
+        lock(&self.inner)
+            .events
+            .contains(&UpstreamEvent::Arrived(Some(token)))
     }
 
     /// Bodies received with `token`, in order.
     pub fn bodies(&self, token: u64) -> Vec<Bytes> {
-        lock(&self.inner).bodies.get(&token).cloned().unwrap_or_default()
+        lock(&self.inner)
+            .bodies
+            .get(&token)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Waits until a request with `token` arrived; `false` after `timeout`.
@@ -172,11 +192,20 @@ fn token_of(headers: &HeaderMap) -> Option<u64> {
     headers.get("fencing-token")?.to_str().ok()?.parse().ok()
 }
 
-async fn handle(inner: Arc<Mutex<Inner>>, changed: Arc<Notify>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(
+    inner: Arc<Mutex<Inner>>,
+    changed: Arc<Notify>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let token = token_of(req.headers());
     lock(&inner).events.push(UpstreamEvent::Arrived(token));
     changed.notify_waiters();
-    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     if let Some(t) = token {
         if lock(&inner).hanging.contains(&t) {
             std::future::pending::<()>().await;
@@ -201,7 +230,9 @@ async fn handle(inner: Arc<Mutex<Inner>>, changed: Arc<Notify>, req: Request<Inc
         }
     }
     changed.notify_waiters();
-    Ok(Response::new(Full::new(Bytes::from(format!("applied {token:?}\n")))))
+    Ok(Response::new(Full::new(Bytes::from(format!(
+        "applied {token:?}\n"
+    )))))
 }
 
 /// A response as the tests see it.
@@ -237,7 +268,9 @@ impl Default for TestClient {
 impl TestClient {
     /// A new client.
     pub fn new() -> Self {
-        Self { client: Client::builder(TokioExecutor::new()).build_http() }
+        Self {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
     }
 
     /// Sends one request to `http://{addr}{path}`; `headers` are
@@ -250,20 +283,40 @@ impl TestClient {
         headers: &[(&str, &str)],
         body: impl Into<Bytes>,
     ) -> Result<TestResponse, String> {
-        let mut req = Request::builder().method(method).uri(format!("http://{addr}{path}"));
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}{path}"));
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let req = req.body(Full::new(body.into())).map_err(|e| e.to_string())?;
+        let req = req
+            .body(Full::new(body.into()))
+            .map_err(|e| e.to_string())?;
         let resp = self.client.request(req).await.map_err(|e| e.to_string())?;
         let (parts, body) = resp.into_parts();
         let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
-        Ok(TestResponse { status: parts.status, headers: parts.headers, body })
+        Ok(TestResponse {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
     }
 
     /// A write with a fencing token.
-    pub async fn write(&self, addr: SocketAddr, path: &str, token: u64) -> Result<TestResponse, String> {
+    pub async fn write(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        token: u64,
+    ) -> Result<TestResponse, String> {
         let t = token.to_string();
-        self.send(addr, Method::POST, path, &[("fencing-token", &t)], format!("value={token}")).await
+        self.send(
+            addr,
+            Method::POST,
+            path,
+            &[("fencing-token", &t)],
+            format!("value={token}"),
+        )
+        .await
     }
 }

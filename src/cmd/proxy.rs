@@ -22,15 +22,27 @@ pub(crate) struct ProxyArgs {
     listen: Option<SocketAddr>,
 
     /// The protected service, http://host:port (bind it to loopback, P9).
-    #[arg(long, env = "FENCER_PROXY_UPSTREAM", required_unless_present = "config")]
+    #[arg(
+        long,
+        env = "FENCER_PROXY_UPSTREAM",
+        required_unless_present = "config"
+    )]
     upstream: Option<String>,
 
     /// The lock resource every request writes (simple form).
-    #[arg(long, env = "FENCER_PROXY_RESOURCE", required_unless_present = "config")]
+    #[arg(
+        long,
+        env = "FENCER_PROXY_RESOURCE",
+        required_unless_present = "config"
+    )]
     resource: Option<String>,
 
     /// Directory of the epoch store, rejection log and audit log.
-    #[arg(long, env = "FENCER_PROXY_DATA_DIR", required_unless_present = "config")]
+    #[arg(
+        long,
+        env = "FENCER_PROXY_DATA_DIR",
+        required_unless_present = "config"
+    )]
     data_dir: Option<PathBuf>,
 
     /// Admin API address [default: 127.0.0.1:7421, or the config's].
@@ -68,7 +80,13 @@ pub(crate) struct RejectionsArgs {
     before: Option<u64>,
 
     /// Output format.
-    #[arg(short = 'o', long = "output", env = "FENCER_OUTPUT", value_enum, default_value_t)]
+    #[arg(
+        short = 'o',
+        long = "output",
+        env = "FENCER_OUTPUT",
+        value_enum,
+        default_value_t
+    )]
     output: OutputFormat,
 }
 
@@ -91,7 +109,13 @@ pub(crate) struct ProxyStatusArgs {
     after: Option<String>,
 
     /// Output format.
-    #[arg(short = 'o', long = "output", env = "FENCER_OUTPUT", value_enum, default_value_t)]
+    #[arg(
+        short = 'o',
+        long = "output",
+        env = "FENCER_OUTPUT",
+        value_enum,
+        default_value_t
+    )]
     output: OutputFormat,
 }
 
@@ -99,7 +123,8 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn load_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
     let mut config = match &args.config {
-        Some(path) => ProxyConfig::load(path).with_context(|| format!("invalid configuration {}", path.display()))?,
+        Some(path) => ProxyConfig::load(path)
+            .with_context(|| format!("invalid configuration {}", path.display()))?,
         None => {
             let missing = |flag: &str| anyhow::anyhow!("{flag} is required without --config");
             ProxyConfig::simple(SimpleConfig {
@@ -107,7 +132,9 @@ fn load_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
                 upstream: args.upstream.clone().ok_or_else(|| missing("--upstream"))?,
                 resource: args.resource.clone().ok_or_else(|| missing("--resource"))?,
                 data_dir: args.data_dir.clone().ok_or_else(|| missing("--data-dir"))?,
-                admin: DEFAULT_ADMIN_ADDR.parse().context("default admin address")?,
+                admin: DEFAULT_ADMIN_ADDR
+                    .parse()
+                    .context("default admin address")?,
                 read_routes: args.read_routes.clone(),
             })?
         }
@@ -137,7 +164,11 @@ pub(crate) async fn run_proxy(args: ProxyArgs) -> anyhow::Result<ExitCode> {
                     RouteKind::Read => "read (no token)",
                     RouteKind::Write => "write (token)",
                 };
-                vec![r.name().to_owned(), r.path_template().to_owned(), kind.to_owned()]
+                vec![
+                    r.name().to_owned(),
+                    r.path_template().to_owned(),
+                    kind.to_owned(),
+                ]
             })
             .collect();
         print_table(&["ROUTE", "PATH", "KIND"], &rows);
@@ -207,7 +238,19 @@ pub(crate) async fn run_rejections(args: RejectionsArgs) -> anyhow::Result<ExitC
                 })
                 .collect();
             print_table(
-                &["SEQ", "TIME", "RESOURCE", "TOKEN", "EPOCH", "REASON", "STATUS", "METHOD", "ROUTE", "CALLER", "REQUEST_ID"],
+                &[
+                    "SEQ",
+                    "TIME",
+                    "RESOURCE",
+                    "TOKEN",
+                    "EPOCH",
+                    "REASON",
+                    "STATUS",
+                    "METHOD",
+                    "ROUTE",
+                    "CALLER",
+                    "REQUEST_ID",
+                ],
                 &rows,
             );
             if let Some(next) = page.next_before {
@@ -224,9 +267,20 @@ pub(crate) async fn run_proxy_status(args: ProxyStatusArgs) -> anyhow::Result<Ex
         Some(name) => {
             let status = client.resource(name).await?;
             let floor = client.resources(None, 1).await?.floor;
-            fencer_proxy::ResourcesPage { floor, resources: vec![status], next_after: None }
+            fencer_proxy::ResourcesPage {
+                floor,
+                resources: vec![status],
+                next_after: None,
+            }
         }
-        None => client.resources(args.after.as_deref(), usize::try_from(args.limit).unwrap_or(fencer_proxy::MAX_PAGE)).await?,
+        None => {
+            client
+                .resources(
+                    args.after.as_deref(),
+                    usize::try_from(args.limit).unwrap_or(fencer_proxy::MAX_PAGE),
+                )
+                .await?
+        }
     };
     match args.output {
         OutputFormat::Json => print_json(&page)?,
@@ -242,7 +296,12 @@ pub(crate) async fn run_proxy_status(args: ProxyStatusArgs) -> anyhow::Result<Ex
                             None => format!("yes ({} connection(s) open)", i.open_connections),
                         },
                     );
-                    vec![r.resource.clone(), r.epoch.to_string(), r.in_flight.to_string(), ind]
+                    vec![
+                        r.resource.clone(),
+                        r.epoch.to_string(),
+                        r.in_flight.to_string(),
+                        ind,
+                    ]
                 })
                 .collect();
             print_table(&["RESOURCE", "EPOCH", "IN_FLIGHT", "INDETERMINATE"], &rows);

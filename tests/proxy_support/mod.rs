@@ -29,8 +29,16 @@ impl ChildGuard {
     pub fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> Self {
         let out = std::fs::File::create(log).expect("create log file");
         let err = out.try_clone().expect("clone log file");
-        let child = cmd.stdin(Stdio::null()).stdout(out).stderr(err).spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        Self { child: Some(child), name }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Self {
+            child: Some(child),
+            name,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -49,23 +57,26 @@ impl ChildGuard {
     /// kill -9.
     pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let mut c = self.child.take()?;
-        let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status();
+        let step = Duration::from_millis(50);
+        for _ in 0..=(timeout.as_millis() / step.as_millis()) {
             if let Ok(Some(status)) = c.try_wait() {
                 return Some(status);
             }
-            if std::time::Instant::now() > deadline {
-                let _ = c.kill();
-                let _ = c.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(step);
         }
+        let _ = c.kill();
+        let _ = c.wait();
+        None
     }
 
     pub fn has_exited(&mut self) -> bool {
-        self.child.as_mut().is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))))
+        self.child
+            .as_mut()
+            .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 }
 
@@ -77,17 +88,28 @@ impl Drop for ChildGuard {
 
 /// Polls `GET http://addr/path` until it answers `want`; panics with the
 /// process log after `timeout` or if the process died.
-pub async fn wait_http(addr: SocketAddr, path: &str, want: Status, guard: &mut ChildGuard, log: &Path, timeout: Duration) {
+pub async fn wait_http(
+    addr: SocketAddr,
+    path: &str,
+    want: Status,
+    guard: &mut ChildGuard,
+    log: &Path,
+    timeout: Duration,
+) {
     let client = TestClient::new();
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if let Ok(r) = client.send(addr, Method::GET, path, &[], "").await {
-            if r.status == want {
-                return;
-            }
+        if let Ok(r) = client.send(addr, Method::GET, path, &[], "").await
+            && r.status == want
+        {
+            return;
         }
         if guard.has_exited() || tokio::time::Instant::now() > deadline {
-            panic!("{} did not answer {path} with {want}; its log:\n{}", guard.name, std::fs::read_to_string(log).unwrap_or_default());
+            panic!(
+                "{} did not answer {path} with {want}; its log:\n{}",
+                guard.name,
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -112,7 +134,10 @@ pub fn run_fencer(args: &[&str], timeout: Duration) -> Output {
     match rx.recv_timeout(timeout) {
         Ok(out) => out.expect("fencer output"),
         Err(_) => {
-            let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(pid.to_string())
+                .status();
             panic!("fencer {args:?} did not finish within {timeout:?}");
         }
     }
@@ -129,14 +154,32 @@ pub async fn start_proxy(
     log: &Path,
 ) -> ChildGuard {
     let mut cmd = Command::new(FENCER);
-    cmd.args(["proxy", "--listen", &listen.to_string(), "--admin", &admin.to_string(), "--upstream", upstream, "--resource", "main"])
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["--read-route", "GET:/ping"]);
+    cmd.args([
+        "proxy",
+        "--listen",
+        &listen.to_string(),
+        "--admin",
+        &admin.to_string(),
+        "--upstream",
+        upstream,
+        "--resource",
+        "main",
+    ])
+    .arg("--data-dir")
+    .arg(data_dir)
+    .args(["--read-route", "GET:/ping"]);
     if let Some(f) = floor {
         cmd.args(["--floor", &f.to_string()]);
     }
     let mut guard = ChildGuard::spawn("fencer proxy", &mut cmd, log);
-    wait_http(admin, "/livez", Status::OK, &mut guard, log, Duration::from_secs(30)).await;
+    wait_http(
+        admin,
+        "/livez",
+        Status::OK,
+        &mut guard,
+        log,
+        Duration::from_secs(30),
+    )
+    .await;
     guard
 }
