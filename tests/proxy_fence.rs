@@ -251,6 +251,25 @@ async fn t20_stale_token_is_refused_and_logged() {
         !serde_json::to_string(&r).unwrap().contains("rows/17"),
         "the raw path must not be logged"
     );
+
+    // The admin endpoints: metrics with the fencer_proxy_ prefix and no
+    // resource names; readiness with the store and the upstream up.
+    let admin = h.proxy.as_ref().unwrap().admin_addr();
+    let metrics = h.client.send(admin, Method::GET, "/metrics", &[], "").await.unwrap();
+    let text = String::from_utf8_lossy(&metrics.body);
+    for needle in [
+        "fencer_proxy_rejected_total{reason=\"stale_token\"} 1",
+        "fencer_proxy_accepted_total{kind=\"write\"} 1",
+        "fencer_proxy_epoch_advances_total 1",
+        "fencer_proxy_epoch_persist_seconds_bucket",
+        "fencer_proxy_drain_wait_seconds_count",
+        "fencer_proxy_added_latency_seconds_count 1",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from:\n{text}");
+    }
+    assert!(!text.contains("db/orders"), "a resource name leaked into metrics");
+    let ready = h.client.send(admin, Method::GET, "/readyz", &[], "").await.unwrap();
+    assert_eq!(ready.status, Status::OK, "{:?}", ready.body);
     h.stop().await;
 }
 

@@ -332,7 +332,7 @@ impl Fence {
             shared
                 .metrics
                 .accepted
-                .get_or_create(&KindLabels { kind: kind.into() })
+                .get_or_create(&KindLabels::from(kind))
                 .inc();
             return match self.forward.call(req).await {
                 Ok((resp, upstream)) => {
@@ -407,7 +407,7 @@ impl Fence {
         shared
             .metrics
             .accepted
-            .get_or_create(&KindLabels { kind: kind.into() })
+            .get_or_create(&KindLabels::from(kind))
             .inc();
         let admitted = clock::now();
 

@@ -2,7 +2,7 @@
 //! histograms, and never a resource name as a label (hot resources are
 //! visible through the admin API instead).
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -12,24 +12,20 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::rejections::RejectReason;
 use crate::routes::RouteKind;
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub(crate) enum KindLabel {
-    Read,
-    Write,
-}
-
-impl From<RouteKind> for KindLabel {
-    fn from(k: RouteKind) -> Self {
-        match k {
-            RouteKind::Read => Self::Read,
-            RouteKind::Write => Self::Write,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct KindLabels {
-    pub(crate) kind: KindLabel,
+    /// `read` or `write`.
+    pub(crate) kind: &'static str,
+}
+
+impl From<RouteKind> for KindLabels {
+    fn from(k: RouteKind) -> Self {
+        let kind = match k {
+            RouteKind::Read => "read",
+            RouteKind::Write => "write",
+        };
+        Self { kind }
+    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -37,7 +33,7 @@ pub(crate) struct ReasonLabels {
     pub(crate) reason: String,
 }
 
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub(crate) enum UpstreamError {
     /// Connect failed or timed out: nothing was sent.
     Connect,
@@ -47,7 +43,8 @@ pub(crate) enum UpstreamError {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct UpstreamErrorLabels {
-    pub(crate) kind: UpstreamError,
+    /// `connect` or `outcome_unknown`.
+    pub(crate) kind: &'static str,
 }
 
 /// All proxy metrics and the registry that renders them.
@@ -174,9 +171,11 @@ impl Metrics {
     }
 
     pub(crate) fn upstream_error(&self, kind: UpstreamError) {
-        self.upstream_errors
-            .get_or_create(&UpstreamErrorLabels { kind })
-            .inc();
+        let kind = match kind {
+            UpstreamError::Connect => "connect",
+            UpstreamError::OutcomeUnknown => "outcome_unknown",
+        };
+        self.upstream_errors.get_or_create(&UpstreamErrorLabels { kind }).inc();
     }
 
     /// The OpenMetrics text exposition.
