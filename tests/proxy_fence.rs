@@ -255,7 +255,11 @@ async fn t20_stale_token_is_refused_and_logged() {
     // The admin endpoints: metrics with the fencer_proxy_ prefix and no
     // resource names; readiness with the store and the upstream up.
     let admin = h.proxy.as_ref().unwrap().admin_addr();
-    let metrics = h.client.send(admin, Method::GET, "/metrics", &[], "").await.unwrap();
+    let metrics = h
+        .client
+        .send(admin, Method::GET, "/metrics", &[], "")
+        .await
+        .unwrap();
     let text = String::from_utf8_lossy(&metrics.body);
     for needle in [
         "fencer_proxy_rejected_total{reason=\"stale_token\"} 1",
@@ -267,8 +271,15 @@ async fn t20_stale_token_is_refused_and_logged() {
     ] {
         assert!(text.contains(needle), "{needle} missing from:\n{text}");
     }
-    assert!(!text.contains("db/orders"), "a resource name leaked into metrics");
-    let ready = h.client.send(admin, Method::GET, "/readyz", &[], "").await.unwrap();
+    assert!(
+        !text.contains("db/orders"),
+        "a resource name leaked into metrics"
+    );
+    let ready = h
+        .client
+        .send(admin, Method::GET, "/readyz", &[], "")
+        .await
+        .unwrap();
     assert_eq!(ready.status, Status::OK, "{:?}", ready.body);
     h.stop().await;
 }

@@ -479,12 +479,6 @@ type RaiseCmd = (
     oneshot::Sender<Result<u64, StoreError>>,
 );
 
-type RaiseReply = (
-    oneshot::Sender<Result<u64, StoreError>>,
-    Result<u64, ()>,
-    Option<Vec<u8>>,
-);
-
 impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Command>) {
         let mut close_reply = None;
@@ -559,14 +553,9 @@ impl Writer {
                         tracing::error!(error = %e, "cannot append to {REJECTION_LOG_FILE}");
                     }
                 }
-                let replies: Vec<RaiseReply> = raises
-                    .into_iter()
-                    .zip(results)
-                    .map(|((_, _, audit, reply), stored)| (reply, Ok(stored), audit))
-                    .collect();
-                for (reply, stored, audit) in replies {
-                    let mut result = stored.map_err(|()| StoreError::Closed);
-                    if let (Ok(_), Some(line)) = (&result, audit)
+                for ((_, _, audit, reply), stored) in raises.into_iter().zip(results) {
+                    let mut result = Ok(stored);
+                    if let Some(line) = audit
                         && let Err(e) = self.append_audit(&line)
                     {
                         result = Err(e.into());

@@ -53,8 +53,7 @@ impl ConnectionClosed {
 pub(crate) struct TrackedStream {
     inner: TokioIo<TcpStream>,
     /// Dropped with the stream, which wakes every `ConnectionClosed::wait`.
-    #[allow(dead_code)]
-    closed_tx: watch::Sender<()>,
+    _closed_tx: watch::Sender<()>,
     closed_rx: watch::Receiver<()>,
 }
 
@@ -126,7 +125,7 @@ impl tower::Service<Uri> for TrackingConnector {
             let (closed_tx, closed_rx) = watch::channel(());
             Ok(TrackedStream {
                 inner: io,
-                closed_tx,
+                _closed_tx: closed_tx,
                 closed_rx,
             })
         })

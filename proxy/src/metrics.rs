@@ -175,7 +175,9 @@ impl Metrics {
             UpstreamError::Connect => "connect",
             UpstreamError::OutcomeUnknown => "outcome_unknown",
         };
-        self.upstream_errors.get_or_create(&UpstreamErrorLabels { kind }).inc();
+        self.upstream_errors
+            .get_or_create(&UpstreamErrorLabels { kind })
+            .inc();
     }
 
     /// The OpenMetrics text exposition.
