@@ -1,27 +1,272 @@
 //! `fencer proxy`, `fencer rejections`, `fencer proxy-status`.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use fencer_proxy::{AdminClient, DEFAULT_ADMIN_ADDR, ProxyConfig, RouteKind, SimpleConfig};
+
+use crate::output::{OutputFormat, print_json, print_table};
 
 /// Arguments of `fencer proxy`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct ProxyArgs {}
+pub(crate) struct ProxyArgs {
+    /// Full configuration file (routes, limits, timeouts); see docs/proxy.md.
+    #[arg(long, env = "FENCER_PROXY_CONFIG", conflicts_with_all = ["listen", "upstream", "resource", "data_dir", "read_routes"])]
+    config: Option<PathBuf>,
+
+    /// Address clients connect to, e.g. 127.0.0.1:8087.
+    #[arg(long, env = "FENCER_PROXY_LISTEN", required_unless_present = "config")]
+    listen: Option<SocketAddr>,
+
+    /// The protected service, http://host:port (bind it to loopback, P9).
+    #[arg(long, env = "FENCER_PROXY_UPSTREAM", required_unless_present = "config")]
+    upstream: Option<String>,
+
+    /// The lock resource every request writes (simple form).
+    #[arg(long, env = "FENCER_PROXY_RESOURCE", required_unless_present = "config")]
+    resource: Option<String>,
+
+    /// Directory of the epoch store, rejection log and audit log.
+    #[arg(long, env = "FENCER_PROXY_DATA_DIR", required_unless_present = "config")]
+    data_dir: Option<PathBuf>,
+
+    /// Admin API address [default: 127.0.0.1:7421, or the config's].
+    #[arg(long, env = "FENCER_PROXY_ADMIN")]
+    admin: Option<SocketAddr>,
+
+    /// Starting epoch for a new (empty) store: at least the coordinator's
+    /// current commit index (P10). Ignored when lower than the stored floor.
+    #[arg(long, env = "FENCER_PROXY_FLOOR")]
+    floor: Option<u64>,
+
+    /// A route forwarded without a token, METHOD:PATH (e.g. GET:/ping);
+    /// repeatable. Every other route is a write (P5: default deny).
+    #[arg(long = "read-route", value_name = "METHOD:PATH")]
+    read_routes: Vec<String>,
+
+    /// Validate the configuration, print the routes, and exit.
+    #[arg(long)]
+    check_config: bool,
+}
 
 /// Arguments of `fencer rejections`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct RejectionsArgs {}
+pub(crate) struct RejectionsArgs {
+    /// The proxy's admin address.
+    #[arg(long, env = "FENCER_PROXY_ADMIN", default_value = DEFAULT_ADMIN_ADDR)]
+    admin: String,
+
+    /// How many rejections to show, newest first (1–1000).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    limit: u64,
+
+    /// Only rejections older than this sequence number (paging).
+    #[arg(long)]
+    before: Option<u64>,
+
+    /// Output format.
+    #[arg(short = 'o', long = "output", env = "FENCER_OUTPUT", value_enum, default_value_t)]
+    output: OutputFormat,
+}
 
 /// Arguments of `fencer proxy-status`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct ProxyStatusArgs {}
+pub(crate) struct ProxyStatusArgs {
+    /// Show only this resource.
+    resource: Option<String>,
 
-pub(crate) async fn run_proxy(_args: ProxyArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("the proxy is not built yet")
+    /// The proxy's admin address.
+    #[arg(long, env = "FENCER_PROXY_ADMIN", default_value = DEFAULT_ADMIN_ADDR)]
+    admin: String,
+
+    /// Resources per page (1–1000).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    limit: u64,
+
+    /// Start after this resource name (paging).
+    #[arg(long)]
+    after: Option<String>,
+
+    /// Output format.
+    #[arg(short = 'o', long = "output", env = "FENCER_OUTPUT", value_enum, default_value_t)]
+    output: OutputFormat,
 }
 
-pub(crate) async fn run_rejections(_args: RejectionsArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("the proxy is not built yet")
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn load_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
+    let mut config = match &args.config {
+        Some(path) => ProxyConfig::load(path).with_context(|| format!("invalid configuration {}", path.display()))?,
+        None => {
+            let missing = |flag: &str| anyhow::anyhow!("{flag} is required without --config");
+            ProxyConfig::simple(SimpleConfig {
+                listen: args.listen.ok_or_else(|| missing("--listen"))?,
+                upstream: args.upstream.clone().ok_or_else(|| missing("--upstream"))?,
+                resource: args.resource.clone().ok_or_else(|| missing("--resource"))?,
+                data_dir: args.data_dir.clone().ok_or_else(|| missing("--data-dir"))?,
+                admin: DEFAULT_ADMIN_ADDR.parse().context("default admin address")?,
+                read_routes: args.read_routes.clone(),
+            })?
+        }
+    };
+    if let Some(admin) = args.admin {
+        config.admin = admin;
+    }
+    Ok(config)
 }
 
-pub(crate) async fn run_proxy_status(_args: ProxyStatusArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("the proxy is not built yet")
+pub(crate) async fn run_proxy(args: ProxyArgs) -> anyhow::Result<ExitCode> {
+    let config = load_config(&args)?;
+    if args.check_config {
+        println!(
+            "configuration OK: listen {}, upstream {}, admin {}, data dir {}",
+            config.listen,
+            config.upstream,
+            config.admin,
+            config.data_dir.display()
+        );
+        let rows: Vec<Vec<String>> = config
+            .router
+            .routes()
+            .iter()
+            .map(|r| {
+                let kind = match r.kind() {
+                    RouteKind::Read => "read (no token)",
+                    RouteKind::Write => "write (token)",
+                };
+                vec![r.name().to_owned(), r.path_template().to_owned(), kind.to_owned()]
+            })
+            .collect();
+        print_table(&["ROUTE", "PATH", "KIND"], &rows);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let handle = fencer_proxy::start_with_shutdown(config, args.floor, shutdown_signal()).await?;
+    handle.wait().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = term => tracing::info!("SIGTERM received"),
+    }
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+pub(crate) async fn run_rejections(args: RejectionsArgs) -> anyhow::Result<ExitCode> {
+    let client = AdminClient::new(&args.admin, ADMIN_TIMEOUT)?;
+    let limit = usize::try_from(args.limit).unwrap_or(fencer_proxy::MAX_PAGE);
+    let page = client.rejections(args.before, limit).await?;
+    match args.output {
+        OutputFormat::Json => print_json(&page)?,
+        OutputFormat::Table => {
+            let rows: Vec<Vec<String>> = page
+                .rejections
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.seq.to_string(),
+                        r.time.clone(),
+                        opt(r.resource.as_deref()),
+                        opt(r.presented_token),
+                        opt(r.current_epoch),
+                        r.reason.as_str().to_owned(),
+                        r.status.to_string(),
+                        r.method.clone(),
+                        opt(r.route.as_deref()),
+                        r.caller.clone(),
+                        r.request_id.clone(),
+                    ]
+                })
+                .collect();
+            print_table(
+                &[
+                    "SEQ",
+                    "TIME",
+                    "RESOURCE",
+                    "TOKEN",
+                    "EPOCH",
+                    "REASON",
+                    "STATUS",
+                    "METHOD",
+                    "ROUTE",
+                    "CALLER",
+                    "REQUEST_ID",
+                ],
+                &rows,
+            );
+            if let Some(next) = page.next_before {
+                eprintln!("more: --before {next}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn run_proxy_status(args: ProxyStatusArgs) -> anyhow::Result<ExitCode> {
+    let client = AdminClient::new(&args.admin, ADMIN_TIMEOUT)?;
+    let page = match &args.resource {
+        Some(name) => {
+            let status = client.resource(name).await?;
+            let floor = client.resources(None, 1).await?.floor;
+            fencer_proxy::ResourcesPage { floor, resources: vec![status], next_after: None }
+        }
+        None => {
+            client
+                .resources(args.after.as_deref(), usize::try_from(args.limit).unwrap_or(fencer_proxy::MAX_PAGE))
+                .await?
+        }
+    };
+    match args.output {
+        OutputFormat::Json => print_json(&page)?,
+        OutputFormat::Table => {
+            let rows: Vec<Vec<String>> = page
+                .resources
+                .iter()
+                .map(|r| {
+                    let ind = r.indeterminate.as_ref().map_or_else(
+                        || "no".to_owned(),
+                        |i| match i.quarantine_remaining_secs {
+                            Some(s) => format!("yes (quarantine {s}s left)"),
+                            None => format!("yes ({} connection(s) open)", i.open_connections),
+                        },
+                    );
+                    vec![r.resource.clone(), r.epoch.to_string(), r.in_flight.to_string(), ind]
+                })
+                .collect();
+            print_table(&["RESOURCE", "EPOCH", "IN_FLIGHT", "INDETERMINATE"], &rows);
+            eprintln!("floor: {} (epoch of every resource not listed)", page.floor);
+            if let Some(next) = page.next_after {
+                eprintln!("more: --after {next}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

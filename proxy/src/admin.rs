@@ -1,0 +1,250 @@
+//! The admin API (loopback by default; no authentication until mTLS,
+//! DESIGN §7): per-resource state, paged rejections, raise-epoch and
+//! clear-indeterminate (both audited), `/metrics`, `/livez`, `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{ConnectInfo, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+
+use crate::clock;
+use crate::fence::FenceShared;
+use crate::forward::Forward;
+use crate::names::ResourceName;
+use crate::state::ResourceStatus;
+
+/// Largest page the admin API returns.
+pub const MAX_PAGE: usize = 1000;
+/// Page size when none is asked for.
+pub const DEFAULT_PAGE: usize = 100;
+
+/// `GET /v1/resources` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResourcesPage {
+    /// The floor: the epoch of every resource not listed (P10).
+    pub floor: u64,
+    /// Resources in name order.
+    pub resources: Vec<ResourceStatus>,
+    /// Pass as `after` for the next page; absent on the last.
+    pub next_after: Option<String>,
+}
+
+/// `POST /v1/raise-epoch` body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RaiseEpochRequest {
+    /// The resource.
+    pub resource: String,
+    /// The new epoch; must not be below the current one (P8).
+    pub epoch: u64,
+    /// Why, for the audit log.
+    pub reason: String,
+}
+
+/// `POST /v1/clear-indeterminate` body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClearIndeterminateRequest {
+    /// The resource.
+    pub resource: String,
+    /// Why, for the audit log.
+    pub reason: String,
+}
+
+/// `POST /v1/clear-indeterminate` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClearIndeterminateResponse {
+    /// The resource.
+    pub resource: String,
+    /// Whether it was indeterminate.
+    pub was_indeterminate: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct ResourcesQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+    name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RejectionsQuery {
+    before: Option<u64>,
+    limit: Option<usize>,
+}
+
+/// Admin failures; rendered as problem+json by `problem.rs`.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AdminError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    WouldLower(String),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl IntoResponse for AdminError {
+    fn into_response(self) -> Response {
+        crate::problem::admin_error_response(&self)
+    }
+}
+
+#[derive(Clone)]
+struct AdminState {
+    shared: Arc<FenceShared>,
+    forward: Forward,
+}
+
+pub(crate) fn router(shared: Arc<FenceShared>, forward: Forward) -> axum::Router {
+    axum::Router::new()
+        .route("/livez", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/v1/resources", get(resources))
+        .route("/v1/rejections", get(rejections))
+        .route("/v1/raise-epoch", post(raise_epoch))
+        .route("/v1/clear-indeterminate", post(clear_indeterminate))
+        .with_state(AdminState { shared, forward })
+}
+
+fn page_limit(limit: Option<usize>) -> Result<usize, AdminError> {
+    match limit.unwrap_or(DEFAULT_PAGE) {
+        0 => Err(AdminError::BadRequest("limit must be at least 1".into())),
+        n if n > MAX_PAGE => Err(AdminError::BadRequest(format!("limit must be at most {MAX_PAGE}"))),
+        n => Ok(n),
+    }
+}
+
+fn resource_name(raw: &str) -> Result<ResourceName, AdminError> {
+    ResourceName::new(raw).map_err(|e| AdminError::BadRequest(format!("resource {raw:?}: {e}")))
+}
+
+async fn readyz(State(s): State<AdminState>) -> Response {
+    let mut problems = Vec::new();
+    if let Err(e) = s.shared.store.ping().await {
+        problems.push(format!("epoch store: {e}"));
+    }
+    if let Err(e) = s.forward.probe(Duration::from_secs(1)).await {
+        problems.push(format!("upstream: {e}"));
+    }
+    let ready = problems.is_empty();
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(serde_json::json!({ "ready": ready, "problems": problems }))).into_response()
+}
+
+async fn metrics(State(s): State<AdminState>) -> Response {
+    let mut resp = s.shared.metrics.render().into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    resp
+}
+
+async fn resources(
+    State(s): State<AdminState>,
+    Query(q): Query<ResourcesQuery>,
+) -> Result<Json<ResourcesPage>, AdminError> {
+    let resources = &s.shared.resources;
+    if let Some(name) = q.name {
+        let name = resource_name(&name)?;
+        let status = match resources.get(&name) {
+            Some(state) => resources.status(&state),
+            // Never written through this proxy: its epoch is the floor.
+            None => ResourceStatus {
+                resource: name.to_string(),
+                epoch: resources.floor(),
+                in_flight: 0,
+                waiting: 0,
+                indeterminate: None,
+            },
+        };
+        return Ok(Json(ResourcesPage { floor: resources.floor(), resources: vec![status], next_after: None }));
+    }
+    let limit = page_limit(q.limit)?;
+    let mut page = resources.list(q.after.as_deref(), limit + 1);
+    let more = page.len() > limit;
+    page.truncate(limit);
+    let statuses: Vec<ResourceStatus> = page.iter().map(|st| resources.status(st)).collect();
+    let next_after = if more { statuses.last().map(|s| s.resource.clone()) } else { None };
+    Ok(Json(ResourcesPage { floor: resources.floor(), resources: statuses, next_after }))
+}
+
+async fn rejections(
+    State(s): State<AdminState>,
+    Query(q): Query<RejectionsQuery>,
+) -> Result<Json<crate::rejections::RejectionsPage>, AdminError> {
+    let limit = page_limit(q.limit)?;
+    s.shared.store.rejections(q.before, limit).await.map(Json).map_err(|e| AdminError::Unavailable(e.to_string()))
+}
+
+async fn raise_epoch(
+    State(s): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Json(req): Json<RaiseEpochRequest>,
+) -> Result<Json<ResourceStatus>, AdminError> {
+    let name = resource_name(&req.resource)?;
+    let shared = &s.shared;
+    let state = shared.resources.get_or_create(&name).map_err(|e| AdminError::Unavailable(e.to_string()))?;
+    // Like a higher token: wait for writes in flight, then move E.
+    let _exclusive = state.exclusive().await;
+    let current = state.epoch();
+    if req.epoch < current {
+        return Err(AdminError::WouldLower(format!(
+            "resource {name} is at epoch {current}; {} would lower it, and the epoch never decreases (P8)",
+            req.epoch
+        )));
+    }
+    let audit = serde_json::json!({
+        "time": clock::wall_rfc3339(),
+        "op": "raise_epoch",
+        "resource": name.as_str(),
+        "from": current,
+        "to": req.epoch,
+        "reason": req.reason,
+        "caller": peer.to_string(),
+    });
+    let stored = shared
+        .store
+        .raise_audited(&name, req.epoch, audit.to_string().into_bytes())
+        .await
+        .map_err(|e| AdminError::Unavailable(e.to_string()))?;
+    state.set_epoch(stored);
+    if stored > current {
+        shared.metrics.epoch_advances.inc();
+    }
+    tracing::warn!(resource = %name, from = current, to = stored, reason = %req.reason, caller = %peer, "epoch raised by an operator");
+    Ok(Json(shared.resources.status(&state)))
+}
+
+async fn clear_indeterminate(
+    State(s): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Json(req): Json<ClearIndeterminateRequest>,
+) -> Result<Json<ClearIndeterminateResponse>, AdminError> {
+    let name = resource_name(&req.resource)?;
+    let shared = &s.shared;
+    let state = shared
+        .resources
+        .get(&name)
+        .ok_or_else(|| AdminError::NotFound(format!("resource {name} has no state in this proxy")))?;
+    let audit = serde_json::json!({
+        "time": clock::wall_rfc3339(),
+        "op": "clear_indeterminate",
+        "resource": name.as_str(),
+        "reason": req.reason,
+        "caller": peer.to_string(),
+    });
+    // Audit first: an override nobody can trace is worse than a refusal.
+    shared.store.audit(audit.to_string().into_bytes()).await.map_err(|e| AdminError::Unavailable(e.to_string()))?;
+    let was = shared.resources.clear_indeterminate(&state);
+    tracing::warn!(resource = %name, was_indeterminate = was, reason = %req.reason, caller = %peer, "indeterminate cleared by an operator");
+    Ok(Json(ClearIndeterminateResponse { resource: name.to_string(), was_indeterminate: was }))
+}

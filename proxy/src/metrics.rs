@@ -1,0 +1,160 @@
+//! Proxy metrics (DESIGN §6): prefix `fencer_proxy_`, base units, real
+//! histograms, and never a resource name as a label (hot resources are
+//! visible through the admin API instead).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::rejections::RejectReason;
+use crate::routes::RouteKind;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct KindLabels {
+    /// `read` or `write`.
+    pub(crate) kind: &'static str,
+}
+
+impl From<RouteKind> for KindLabels {
+    fn from(k: RouteKind) -> Self {
+        let kind = match k {
+            RouteKind::Read => "read",
+            RouteKind::Write => "write",
+        };
+        Self { kind }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReasonLabels {
+    pub(crate) reason: String,
+}
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub(crate) enum UpstreamError {
+    /// Connect failed or timed out: nothing was sent.
+    Connect,
+    /// Bytes went upstream, then timeout or reset: outcome unknown.
+    OutcomeUnknown,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct UpstreamErrorLabels {
+    /// `connect` or `outcome_unknown`.
+    pub(crate) kind: &'static str,
+}
+
+/// All proxy metrics and the registry that renders them.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    pub(crate) registry: Registry,
+    pub(crate) accepted: Family<KindLabels, Counter>,
+    pub(crate) rejected: Family<ReasonLabels, Counter>,
+    pub(crate) overloaded: Counter,
+    pub(crate) epoch_advances: Counter,
+    pub(crate) drain_wait: Histogram,
+    pub(crate) indeterminate_resources: Gauge,
+    pub(crate) upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    pub(crate) upstream_latency: Histogram,
+    pub(crate) added_latency: Histogram,
+    pub(crate) epoch_persist: Histogram,
+    pub(crate) in_flight: Gauge,
+    pub(crate) resources: Gauge,
+    pub(crate) rejection_log_dropped: Counter,
+}
+
+fn seconds_histogram() -> Histogram {
+    // 50 µs … ~105 s in powers of two.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 22))
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::with_prefix("fencer_proxy");
+        let m = Self {
+            accepted: Family::default(),
+            rejected: Family::default(),
+            overloaded: Counter::default(),
+            epoch_advances: Counter::default(),
+            drain_wait: seconds_histogram(),
+            indeterminate_resources: Gauge::default(),
+            upstream_errors: Family::default(),
+            upstream_latency: seconds_histogram(),
+            added_latency: seconds_histogram(),
+            epoch_persist: seconds_histogram(),
+            in_flight: Gauge::default(),
+            resources: Gauge::default(),
+            rejection_log_dropped: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register("accepted", "Requests forwarded upstream, by route kind", m.accepted.clone());
+        registry.register("rejected", "Requests refused by the fence, by reason", m.rejected.clone());
+        registry.register(
+            "overloaded",
+            "Requests shed because max_concurrent_requests were in flight",
+            m.overloaded.clone(),
+        );
+        registry.register("epoch_advances", "Times a higher token raised a resource's epoch", m.epoch_advances.clone());
+        registry.register_with_unit(
+            "drain_wait",
+            "Time a higher token waited for lower-token writes in flight to finish (P3)",
+            Unit::Seconds,
+            m.drain_wait.clone(),
+        );
+        registry.register(
+            "indeterminate_resources",
+            "Resources whose last write has an unknown outcome (P4)",
+            m.indeterminate_resources.clone(),
+        );
+        registry.register("upstream_errors", "Upstream calls that failed, by kind", m.upstream_errors.clone());
+        registry.register_with_unit(
+            "upstream_latency",
+            "From forwarding a request to the upstream's response headers",
+            Unit::Seconds,
+            m.upstream_latency.clone(),
+        );
+        registry.register_with_unit(
+            "added_latency",
+            "Time spent in the proxy before response headers, excluding the upstream call",
+            Unit::Seconds,
+            m.added_latency.clone(),
+        );
+        registry.register_with_unit(
+            "epoch_persist",
+            "Immediate-durability commit of an epoch raise (P2)",
+            Unit::Seconds,
+            m.epoch_persist.clone(),
+        );
+        registry.register("in_flight_requests", "Requests being handled", m.in_flight.clone());
+        registry.register("resources", "Resources tracked in memory", m.resources.clone());
+        registry.register(
+            "rejection_log_dropped",
+            "Rejection records dropped because the writer queue was full",
+            m.rejection_log_dropped.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    pub(crate) fn rejected(&self, reason: RejectReason) {
+        self.rejected.get_or_create(&ReasonLabels { reason: reason.as_str().to_owned() }).inc();
+    }
+
+    pub(crate) fn upstream_error(&self, kind: UpstreamError) {
+        let kind = match kind {
+            UpstreamError::Connect => "connect",
+            UpstreamError::OutcomeUnknown => "outcome_unknown",
+        };
+        self.upstream_errors.get_or_create(&UpstreamErrorLabels { kind }).inc();
+    }
+
+    /// The OpenMetrics text exposition.
+    pub(crate) fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

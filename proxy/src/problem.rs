@@ -1,0 +1,180 @@
+//! The one place where refusals and failures become HTTP responses
+//! (STYLE habit 4): RFC 9457 `application/problem+json` bodies whose `type`
+//! is a fencer URN, with the P1 fields for stale tokens.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use serde::Serialize;
+
+use crate::body::ProxyBody;
+use crate::rejections::RejectReason;
+
+/// URN prefix of every problem `type` the proxy answers with.
+pub const PROBLEM_TYPE_PREFIX: &str = "urn:fencer:proxy:";
+
+/// Everything the proxy answers itself instead of forwarding.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum Refusal {
+    /// The fence or the classifier refused the request; it is logged.
+    #[error("{detail}")]
+    Rejected {
+        reason: RejectReason,
+        detail: String,
+        resource: Option<String>,
+        presented_token: Option<u64>,
+        current_epoch: Option<u64>,
+        retry_after_secs: Option<u64>,
+    },
+    /// Connecting to the upstream failed: nothing was sent, safe to retry.
+    #[error("{0}")]
+    UpstreamUnreachable(String),
+    /// Bytes went upstream and then the call timed out or was reset (P4).
+    #[error(
+        "the upstream call for resource {resource} timed out or was reset after the request was sent; its outcome is unknown and it will not be retried"
+    )]
+    OutcomeUnknown { resource: String },
+    /// The epoch store could not persist a raise; nothing was sent.
+    #[error("the epoch store is unavailable: {0}")]
+    StoreUnavailable(String),
+    /// `max_concurrent_requests` are in flight.
+    #[error("the proxy is at its concurrency limit; retry later")]
+    Overloaded,
+    /// Anything else inside the proxy.
+    #[error("internal proxy error: {0}")]
+    Internal(String),
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    presented_token: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_epoch: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<&'a str>,
+}
+
+impl Refusal {
+    /// The status for each refusal; the only such table in the proxy.
+    pub(crate) fn status(&self) -> StatusCode {
+        match self {
+            Self::Rejected { reason, .. } => match reason {
+                RejectReason::StaleToken => StatusCode::CONFLICT,
+                RejectReason::MissingToken => StatusCode::PRECONDITION_REQUIRED,
+                RejectReason::MalformedToken
+                | RejectReason::ResourceMismatch
+                | RejectReason::AmbiguousRequest
+                | RejectReason::InvalidResource => StatusCode::BAD_REQUEST,
+                RejectReason::Indeterminate | RejectReason::TooManyResources => StatusCode::SERVICE_UNAVAILABLE,
+                RejectReason::TokenJumpTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
+                RejectReason::NoRoute => StatusCode::NOT_FOUND,
+                RejectReason::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            },
+            Self::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            Self::OutcomeUnknown { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::StoreUnavailable(_) | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn slug_and_title(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::Rejected { reason, .. } => match reason {
+                RejectReason::StaleToken => ("stale-token", "Fencing token is older than the resource's epoch"),
+                RejectReason::MissingToken => ("missing-token", "This route is a write and needs a fencing token"),
+                RejectReason::MalformedToken => ("malformed-token", "The fencing token is not a decimal u64"),
+                RejectReason::ResourceMismatch => ("resource-mismatch", "The resource header disagrees with the route"),
+                RejectReason::Indeterminate => ("indeterminate", "The resource's last write has an unknown outcome"),
+                RejectReason::TokenJumpTooLarge => {
+                    ("token-jump-too-large", "The token is too far above the resource's epoch")
+                }
+                RejectReason::NoRoute => ("no-route", "No configured route matches this request"),
+                RejectReason::AmbiguousRequest => ("ambiguous-request", "The request path or query is ambiguous"),
+                RejectReason::InvalidResource => ("invalid-resource", "The route names an invalid resource"),
+                RejectReason::TooManyResources => {
+                    ("too-many-resources", "The proxy tracks its maximum number of resources")
+                }
+                RejectReason::BodyTooLarge => ("body-too-large", "The request body is larger than allowed"),
+            },
+            Self::UpstreamUnreachable(_) => ("upstream-unreachable", "The upstream could not be reached"),
+            Self::OutcomeUnknown { .. } => ("outcome-unknown", "The write's outcome is unknown"),
+            Self::StoreUnavailable(_) => ("store-unavailable", "The epoch store is unavailable"),
+            Self::Overloaded => ("overloaded", "The proxy is overloaded"),
+            Self::Internal(_) => ("internal", "Internal proxy error"),
+        }
+    }
+
+    /// Renders the refusal as a problem+json response.
+    pub(crate) fn into_response(self, request_id: Option<&str>) -> Response<ProxyBody> {
+        let status = self.status();
+        let (slug, title) = self.slug_and_title();
+        let (resource, presented_token, current_epoch, retry_after) = match &self {
+            Self::Rejected { resource, presented_token, current_epoch, retry_after_secs, .. } => {
+                (resource.as_deref(), *presented_token, *current_epoch, *retry_after_secs)
+            }
+            Self::OutcomeUnknown { resource } => (Some(resource.as_str()), None, None, None),
+            Self::Overloaded | Self::StoreUnavailable(_) => (None, None, None, Some(1)),
+            _ => (None, None, None, None),
+        };
+        let body = Problem {
+            kind: format!("{PROBLEM_TYPE_PREFIX}{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: self.to_string(),
+            resource,
+            presented_token,
+            current_epoch,
+            request_id,
+        };
+        let json = serde_json::to_vec(&body).unwrap_or_default();
+        let mut resp = Response::new(Full::new(Bytes::from(json)).map_err(|never| match never {}).boxed());
+        *resp.status_mut() = status;
+        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(secs) = retry_after {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+/// Turns an error from the layers around the fence (load shed, concurrency
+/// limit) into a response, so hyper never sees a service error.
+pub(crate) fn respond_to_layer_error(err: tower::BoxError) -> Response<ProxyBody> {
+    if err.is::<tower::load_shed::error::Overloaded>() {
+        Refusal::Overloaded.into_response(None)
+    } else if let Ok(refusal) = err.downcast::<Refusal>() {
+        refusal.into_response(None)
+    } else {
+        Refusal::Internal("unexpected layer error".into()).into_response(None)
+    }
+}
+
+/// Renders an admin API failure as problem+json.
+pub(crate) fn admin_error_response(err: &crate::admin::AdminError) -> axum::response::Response {
+    use crate::admin::AdminError;
+    let (status, slug) = match err {
+        AdminError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad-request"),
+        AdminError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found"),
+        AdminError::WouldLower(_) => (StatusCode::CONFLICT, "epoch-would-decrease"),
+        AdminError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+    };
+    let body = serde_json::json!({
+        "type": format!("{PROBLEM_TYPE_PREFIX}{slug}"),
+        "title": slug,
+        "status": status.as_u16(),
+        "detail": err.to_string(),
+    });
+    let mut resp = axum::response::Response::new(axum::body::Body::from(body.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    resp
+}

@@ -1,0 +1,92 @@
+//! The rejected-write log record (DESIGN §4): what operators read through
+//! the admin API, `fencer rejections` and `rejections.jsonl`. It names the
+//! route template, never the raw path, and never carries bodies.
+
+use serde::{Deserialize, Serialize};
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectReason {
+    /// The token is older than the resource's epoch (P1, 409).
+    StaleToken,
+    /// A write route without a token (P5, 428).
+    MissingToken,
+    /// The token header is not a decimal u64, or is repeated (400).
+    MalformedToken,
+    /// The client's resource header disagrees with the route (P6, 400).
+    ResourceMismatch,
+    /// A higher token while the resource is indeterminate (P4, 503).
+    Indeterminate,
+    /// The token would raise the epoch by more than `max_epoch_jump` (P7
+    /// stand-in, 422).
+    TokenJumpTooLarge,
+    /// No configured route matches (default deny, 404).
+    NoRoute,
+    /// The path or query is ambiguous (dot segments, encoded slashes,
+    /// repeated parameters the route depends on) (400).
+    AmbiguousRequest,
+    /// The route's template produced an invalid resource name (400).
+    InvalidResource,
+    /// `max_resources` distinct resources are already tracked (503).
+    TooManyResources,
+    /// The declared body is larger than `max_request_body_bytes` (413).
+    BodyTooLarge,
+}
+
+impl RejectReason {
+    /// The snake_case name used in logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::StaleToken => "stale_token",
+            Self::MissingToken => "missing_token",
+            Self::MalformedToken => "malformed_token",
+            Self::ResourceMismatch => "resource_mismatch",
+            Self::Indeterminate => "indeterminate",
+            Self::TokenJumpTooLarge => "token_jump_too_large",
+            Self::NoRoute => "no_route",
+            Self::AmbiguousRequest => "ambiguous_request",
+            Self::InvalidResource => "invalid_resource",
+            Self::TooManyResources => "too_many_resources",
+            Self::BodyTooLarge => "body_too_large",
+        }
+    }
+}
+
+/// One rejected request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectionRecord {
+    /// Position in the log, assigned when the record is stored; increasing.
+    pub seq: u64,
+    /// Wall time, RFC 3339.
+    pub time: String,
+    /// The resource the route names, when it could be decided.
+    pub resource: Option<String>,
+    /// The token the request carried, when it had a valid one.
+    pub presented_token: Option<u64>,
+    /// The resource's epoch when the request was refused.
+    pub current_epoch: Option<u64>,
+    /// The peer address (mTLS identity once §7 lands).
+    pub caller: String,
+    /// HTTP method.
+    pub method: String,
+    /// The matched route's path template, e.g. `/db/{name}/*`.
+    pub route: Option<String>,
+    /// The request id (from the request id header, or generated).
+    pub request_id: String,
+    /// Why.
+    pub reason: RejectReason,
+    /// The HTTP status answered.
+    pub status: u16,
+}
+
+/// A page of the rejection table, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RejectionsPage {
+    /// Records, newest first.
+    pub rejections: Vec<RejectionRecord>,
+    /// Pass as `before` to get the next (older) page; absent on the last.
+    pub next_before: Option<u64>,
+    /// The table's bound (`rejection_table_max`).
+    pub table_max: u64,
+}
