@@ -34,6 +34,12 @@ impl ClientArgs {
 /// Prints a client error (stderr; and stdout as JSON with `-o json`) and
 /// returns its exit code.
 pub(crate) fn fail(output: OutputFormat, e: &ClientError) -> ExitCode {
+    report(output, e);
+    exit::for_error(e)
+}
+
+/// Prints a client error: stderr, and stdout as JSON with `-o json`.
+pub(crate) fn report(output: OutputFormat, e: &ClientError) {
     let (reason, metadata) = match e {
         ClientError::Refused { reason, metadata, .. } => (reason.as_str().to_string(), metadata.clone()),
         ClientError::Unavailable { reason, metadata, .. } => {
@@ -45,7 +51,6 @@ pub(crate) fn fail(output: OutputFormat, e: &ClientError) -> ExitCode {
     if output == OutputFormat::Json {
         let _ = print_json(&json!({ "error": { "reason": reason, "message": e.to_string(), "metadata": metadata } }));
     }
-    exit::for_error(e)
 }
 
 /// Prints `value` as JSON, or its fields as `key  value` lines.
@@ -112,13 +117,13 @@ pub(crate) struct AcquireArgs {
     client: ClientArgs,
 }
 
-/// Prints an acquire failure (see [`fail`]); an unknown outcome also names
+/// Prints an acquire failure (see [`report`]); an unknown outcome also names
 /// the request id to retry with.
-pub(crate) fn fail_acquire(output: OutputFormat, e: &AcquireError) -> ExitCode {
+pub(crate) fn report_acquire(output: OutputFormat, e: &AcquireError) {
     if let AcquireError::Unavailable { request_id, .. } = e {
         eprintln!("fencer: the outcome is unknown; retry with --request-id {request_id} to learn it");
     }
-    fail(output, e.client_error())
+    report(output, e.client_error());
 }
 
 pub(crate) async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
@@ -144,7 +149,10 @@ pub(crate) async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
             )?;
             Ok(ExitCode::SUCCESS)
         }
-        Err(e) => Ok(fail_acquire(args.client.output, &e)),
+        Err(e) => {
+            report_acquire(args.client.output, &e);
+            Ok(exit::for_error(e.client_error()))
+        }
     }
 }
 
