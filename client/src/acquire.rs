@@ -10,9 +10,10 @@
 //!
 //! A fresh request id is used only when the old one's outcome is *known* to
 //! hold nothing: its queue slot was cancelled (WAIT_TIMEOUT arriving before
-//! our own wait ended, which happens when the server saw our connection drop
-//! and cancelled the waiter), or the grant was already gone when we
-//! confirmed it. Never while the old attempt could still be waiting.
+//! our own wait ended — the server's timer starts after ours, so this means
+//! the server saw a call of ours disconnect and cancelled the waiter), or the
+//! grant was already gone when we confirmed it. Never while the old attempt
+//! could still be waiting. A request id given by the caller is never replaced.
 //!
 //! The first deadline counts from the send time of the *first* attempt with
 //! the granted request id (any attempt may be the one that was granted, the
@@ -282,13 +283,13 @@ impl AcquireBuilder {
     /// the budget. Each retry asks to wait only for what is left of the wait.
     async fn attempt_all(&self, request_id: &str, wait_end: Instant, end: Instant) -> Step {
         let first_sent = clock::now();
-        let mut unknown = false;
         let mut attempt = 0u32;
         loop {
             let sent = clock::now();
             let wait = wait_end.saturating_duration_since(sent);
             let call_end = end.max(sent + wait) + self.client.call_timeout();
-            let result = match timeout_at(call_end, self.client.acquire_once(self.request(request_id, wait))).await {
+            let call = self.client.acquire_once(self.request(request_id, wait), wait_end);
+            let result = match timeout_at(call_end, call).await {
                 Ok(r) => r,
                 Err(_) => Err(ClientError::Unavailable {
                     reason: None,
@@ -302,7 +303,6 @@ impl AcquireBuilder {
             };
             match &error {
                 ClientError::Unavailable { .. } => {
-                    unknown = true;
                     attempt += 1;
                     let pause = backoff(attempt, BACKOFF_BASE, BACKOFF_CAP);
                     if clock::now() + pause >= end {
@@ -312,8 +312,13 @@ impl AcquireBuilder {
                     sleep(pause).await;
                 }
                 ClientError::Refused { reason: Reason::WaitTimeout, .. } => {
+                    // The server's wait timer started after ours, so it cannot
+                    // fire first: an early WAIT_TIMEOUT means the slot was
+                    // cancelled (committed) for another reason, e.g. the
+                    // server saw an earlier call of ours disconnect — possibly
+                    // inside the routing's own resend, hidden from us.
                     let early = clock::now() + EARLY_TIMEOUT_SLACK < wait_end;
-                    return if unknown && early { Step::Restart } else { Step::Fail(AcquireError::NotAcquired(error)) };
+                    return if early { Step::Restart } else { Step::Fail(AcquireError::NotAcquired(error)) };
                 }
                 ClientError::Refused { reason: Reason::LockHeld | Reason::TooManyWaiters, .. } => {
                     return Step::Fail(AcquireError::NotAcquired(error));

@@ -196,14 +196,19 @@ impl Client {
         Err(last)
     }
 
-    /// One Acquire, routed to the leader. Transport failures before an answer
-    /// are resent with the same request (so the same request id, I7); an
-    /// unknown outcome is returned to the caller, which retries (module
-    /// `acquire`).
-    pub(crate) async fn acquire_once(&self, req: AcquireRequest) -> Result<AcquireResponse, ClientError> {
-        let wait = Duration::from_millis(req.wait_timeout_ms);
+    /// One Acquire, routed to the leader. Transport failures are resent with
+    /// the same request id (I7), each asking to wait only until `wait_end`;
+    /// an unknown outcome the server reports is returned to the caller, which
+    /// retries (module `acquire`).
+    pub(crate) async fn acquire_once(
+        &self,
+        req: AcquireRequest,
+        wait_end: tokio::time::Instant,
+    ) -> Result<AcquireResponse, ClientError> {
+        let wait = wait_end.saturating_duration_since(crate::clock::now());
         self.route(wait, |c| {
-            let req = req.clone();
+            let mut req = req.clone();
+            req.wait_timeout_ms = wait_end.saturating_duration_since(crate::clock::now()).as_millis() as u64;
             async move { LockClient::new(c).acquire(req).await }
         })
         .await

@@ -171,6 +171,8 @@ impl Lock for Shared {
             tokio::time::sleep(after).await;
             if cancel_upstream {
                 call.abort();
+                // Let the server see the reset before the client hears of it.
+                tokio::time::sleep(Duration::from_millis(300)).await;
             }
             // Otherwise the forwarded call goes on, its answer unread.
             return Err(lost(Loss::Transport));
