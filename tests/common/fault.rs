@@ -111,6 +111,11 @@ impl FaultProxy {
         self.seen.lock().unwrap().iter().filter(|s| s.method == method && s.resource == resource).cloned().collect()
     }
 
+    /// Every call seen, in arrival order.
+    pub fn all(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
     /// Every Acquire seen, in arrival order.
     pub fn acquires(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().iter().filter(|s| s.method == "acquire").cloned().collect()
