@@ -37,6 +37,9 @@ use crate::exit;
 
 /// How long releasing the lock may take once the command ended.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The same when the lease is not Held: the server may be unreachable, and
+/// the lease expires soon anyway.
+const RELEASE_TIMEOUT_IN_DOUBT: Duration = Duration::from_secs(1);
 
 /// Arguments of `fencer exec`.
 #[derive(Debug, clap::Args)]
@@ -155,9 +158,22 @@ struct Outcome {
     stopped_for_lock: bool,
 }
 
-fn group_signal(pid: Option<Pid>, sig: Signal, why: &str) {
+/// Sends `sig` to the command's process group, logging why and where the
+/// lease's local deadline is (as wall-clock milliseconds, for operators and
+/// tests that compare it with what the command did).
+fn group_signal(pid: Option<Pid>, sig: Signal, why: &str, deadline: Instant) {
     let Some(pid) = pid else { return };
-    tracing::warn!(signal = ?sig, pgid = pid.as_raw_nonzero().get(), "{why}");
+    let to_deadline = deadline.saturating_duration_since(Instant::now());
+    let deadline_unix_ms = (std::time::SystemTime::now() + to_deadline)
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    tracing::warn!(
+        signal = ?sig,
+        pgid = pid.as_raw_nonzero().get(),
+        ms_before_deadline = to_deadline.as_millis() as u64,
+        deadline_unix_ms,
+        "{why}"
+    );
     if let Err(e) = kill_process_group(pid, sig) {
         // ESRCH: the group is gone already.
         tracing::debug!(error = %e, "could not signal the command's process group");
@@ -182,7 +198,8 @@ async fn supervise(mut child: tokio::process::Child, lease: &Lease, timing: Sign
                 lost = true;
                 if !killed {
                     killed = true;
-                    group_signal(pid, Signal::KILL, &format!("lease lost ({reason}): SIGKILL to the command"));
+                    let why = format!("lease lost ({reason}): SIGKILL to the command");
+                    group_signal(pid, Signal::KILL, &why, lease.deadline());
                 }
             }
         }
@@ -202,18 +219,20 @@ async fn supervise(mut child: tokio::process::Child, lease: &Lease, timing: Sign
             }
             () = sleep_until(term_at.unwrap_or(kill_at)), if term_at.is_some() && !termed && !killed => {
                 termed = true;
-                group_signal(pid, Signal::TERM, "lease uncertain for longer than the grace period: SIGTERM to the command");
+                let why = "lease uncertain for longer than the grace period: SIGTERM to the command";
+                group_signal(pid, Signal::TERM, why, deadline);
             }
             () = sleep_until(kill_at), if !killed => {
                 // A renewal may have moved the deadline meanwhile.
                 let kill_at = lease.deadline().checked_sub(timing.kill_before).unwrap_or(deadline);
                 if Instant::now() >= kill_at {
                     killed = true;
-                    group_signal(pid, Signal::KILL, "the lease's local deadline is near: SIGKILL to the command");
+                    let why = "the lease's local deadline is near: SIGKILL to the command";
+                    group_signal(pid, Signal::KILL, why, deadline);
                 }
             }
             sig = forward.recv() => {
-                group_signal(pid, sig, "forwarding a signal to the command");
+                group_signal(pid, sig, "forwarding a signal to the command", lease.deadline());
             }
         }
     }
@@ -249,7 +268,8 @@ impl Forwarded {
 
 async fn release(lease: Lease) {
     let resource = lease.resource().to_string();
-    match tokio::time::timeout(RELEASE_TIMEOUT, lease.release()).await {
+    let limit = if lease.is_held() { RELEASE_TIMEOUT } else { RELEASE_TIMEOUT_IN_DOUBT };
+    match tokio::time::timeout(limit, lease.release()).await {
         Ok(Ok(_)) => tracing::info!(%resource, "lock released"),
         Ok(Err(e)) => tracing::warn!(%resource, error = %e, "could not release the lock; it will expire after its ttl"),
         Err(_) => tracing::warn!(%resource, "releasing the lock timed out; it will expire after its ttl"),
