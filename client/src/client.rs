@@ -57,6 +57,10 @@ impl std::fmt::Debug for Client {
 
 /// A connection to a fencer cluster. Cheap to clone: clones share the
 /// connections and the known leader.
+///
+/// Connections are driven by tasks on the tokio runtime that first used
+/// them, so a client and its clones belong to one runtime: give each
+/// runtime (each thread with its own runtime) a `Client` of its own.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
