@@ -16,6 +16,9 @@ const TTL: Duration = Duration::from_millis(1000);
 
 #[tokio::test]
 async fn t40_renewal_keeps_a_lease_alive_for_many_ttls() {
+    // Longer than the other tests' ttl: two slow commits in a row on a busy
+    // machine must not end the lease.
+    const TTL: Duration = Duration::from_millis(1500);
     let dir = tempfile::tempdir().unwrap();
     let node = node::start(dir.path()).await;
     let client = node::client(&node);
@@ -24,10 +27,10 @@ async fn t40_renewal_keeps_a_lease_alive_for_many_ttls() {
     let lost = lease.lost();
     tokio::select! {
         reason = lost => panic!("lost while renewing: {reason}"),
-        () = tokio::time::sleep(TTL * 8) => {}
+        () = tokio::time::sleep(TTL * 7) => {}
     }
     assert!(!lease.check().is_lost());
-    assert!(lease.deadline() > first_deadline + TTL * 6, "the deadline moved with the renewals");
+    assert!(lease.deadline() > first_deadline + TTL * 5, "the deadline moved with the renewals");
     // The server agrees: still this lease, same token, nobody else can take it.
     let view = client.get("t40/alive").await.unwrap();
     assert!(view.held);

@@ -204,42 +204,31 @@ impl AcquireBuilder {
     /// Takes the lock and returns the bare grant: no renewal, no release on
     /// drop. Unknown outcomes are retried with the same request id.
     pub async fn grant(self) -> Result<Grant, AcquireError> {
-        let (wait_end, end) = self.ends(clock::now());
-        let caller_id = self.request_id.is_some();
-        let mut request_id = self.request_id.clone().unwrap_or_else(new_request_id);
-        let mut restarts = 0;
-        loop {
-            match self.attempt_all(&request_id, wait_end, end).await {
-                Step::Granted(g) => return Ok(g),
-                Step::Restart if !caller_id && restarts < MAX_RESTARTS => {
-                    restarts += 1;
-                    request_id = new_request_id();
-                    tracing::debug!(resource = %self.resource, "the earlier attempt's slot was cancelled; trying again with a fresh request id");
-                }
-                Step::Restart => {
-                    return Err(AcquireError::NotAcquired(ClientError::Refused {
-                        code: tonic::Code::DeadlineExceeded,
-                        reason: Reason::WaitTimeout,
-                        message: "the request's queue slot was cancelled".into(),
-                        metadata: Default::default(),
-                    }));
-                }
-                Step::Fail(e) => return Err(e),
-            }
-        }
+        self.obtain(|grant, _| async move { Ok(grant) }).await
     }
 
     /// Takes the lock, confirms it if needed, and starts renewing it.
     async fn lease(self) -> Result<Lease, AcquireError> {
+        self.obtain(|grant, end| self.confirm(grant, end)).await
+    }
+
+    /// Runs the attempts of one request id after another until `finish`
+    /// accepts a grant. `finish` answers `Err(None)` when the grant turned
+    /// out to hold nothing, which (like a cancelled queue slot) lets a fresh
+    /// request id try, unless the caller chose the id.
+    async fn obtain<T, F, Fut>(&self, mut finish: F) -> Result<T, AcquireError>
+    where
+        F: FnMut(Grant, Instant) -> Fut,
+        Fut: Future<Output = Result<T, Option<AcquireError>>>,
+    {
         let (wait_end, end) = self.ends(clock::now());
         let caller_id = self.request_id.is_some();
         let mut request_id = self.request_id.clone().unwrap_or_else(new_request_id);
         let mut restarts = 0;
         loop {
-            // None: the request id's outcome holds nothing; a fresh one may try.
             let failure = match self.attempt_all(&request_id, wait_end, end).await {
-                Step::Granted(grant) => match self.confirm(grant, end).await {
-                    Ok(lease) => return Ok(lease),
+                Step::Granted(grant) => match finish(grant, end).await {
+                    Ok(done) => return Ok(done),
                     Err(failure) => failure,
                 },
                 Step::Restart => None,

@@ -63,6 +63,20 @@ pub(crate) struct ExecArgs {
     client: ClientArgs,
 }
 
+/// `user@host/pid exec PROGRAM`, fitting the server's holder rules (at most
+/// 256 bytes, no control characters).
+fn default_holder(program: &OsString) -> String {
+    let name = std::path::Path::new(program).file_name().unwrap_or(program.as_os_str()).to_string_lossy();
+    let mut holder: String = format!("{} exec {name}", fencer_client::default_holder())
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    while holder.len() > 250 {
+        holder.pop();
+    }
+    holder
+}
+
 /// Whether the command line invokes `fencer exec` (for the exit code of a
 /// usage error, which must not look like a command's status).
 pub(crate) fn is_exec_invocation(args: impl IntoIterator<Item = OsString>) -> bool {
@@ -93,10 +107,7 @@ pub(crate) async fn run(args: ExecArgs) -> anyhow::Result<ExitCode> {
     let program = args.command[0].clone();
     let mut lock = args.lock.clone();
     if lock.holder.is_none() {
-        let name = std::path::Path::new(&program).file_name().map_or_else(|| program.clone(), |n| n.to_os_string());
-        let mut holder = format!("{} exec {}", fencer_client::default_holder(), name.to_string_lossy());
-        holder.truncate(holder.char_indices().nth(200).map_or(holder.len(), |(i, _)| i));
-        lock.holder = Some(holder);
+        lock.holder = Some(default_holder(&program));
     }
     let lease = match lock.acquire(&client, &args.resource).await {
         Ok(lease) => lease,
@@ -311,6 +322,14 @@ mod tests {
         assert!(!is_exec_invocation(args("acquire exec")));
         assert!(!is_exec_invocation(args("--log exec acquire x")));
         assert!(!is_exec_invocation(args("")));
+    }
+
+    #[test]
+    fn the_default_holder_fits_the_server_rules() {
+        let long = OsString::from(format!("/bin/{}\n", "é".repeat(300)));
+        let holder = default_holder(&long);
+        assert!(holder.len() <= 256 && !holder.chars().any(char::is_control), "{holder:?}");
+        assert!(default_holder(&OsString::from("/usr/bin/backup")).ends_with(" exec backup"));
     }
 
     #[test]
