@@ -53,6 +53,10 @@ enum Command {
     /// Free a lock whoever holds it (operator action, audited).
     ForceRelease(cmd::lock::ForceReleaseArgs),
     /// Run a command while holding a lock; stop it if the lock is lost.
+    #[command(after_help = "\
+The command gets FENCER_RESOURCE, FENCER_TOKEN and FENCER_LEASE_ID. Exit status: the command's own \
+(128 + N if signal N ended it), or fencer's: 203 not acquired, 204 lock lost while it ran, 205 \
+unavailable, 206 invalid, 207 cannot start, 202 usage, 201 other. See docs/client.md.")]
     Exec(cmd::exec::ExecArgs),
     /// Print a shell completion script: `fencer completions bash`.
     Completions(cmd::completions::CompletionsArgs),
