@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use fencer_client::{AcquireOptions, Client};
+use fencer_client::Client;
 use fencer_coordinator::{Node, NodeConfig};
 use hdrhistogram::Histogram;
 
@@ -45,7 +45,8 @@ async fn main() -> anyhow::Result<()> {
                 let resource = format!("bench/{c}/{}", i % 1000);
                 i += 1;
                 let t0 = Instant::now();
-                let lease = match client.acquire(AcquireOptions::new(resource.clone())).await {
+                // The bare grant: no renewal task, as before.
+                let lease = match client.acquire(resource.clone()).grant().await {
                     Ok(l) => l,
                     Err(_) => {
                         errors += 1;
@@ -53,7 +54,7 @@ async fn main() -> anyhow::Result<()> {
                     }
                 };
                 let t1 = Instant::now();
-                if client.release(&resource, &lease.lease_id).await.is_err() {
+                if client.release(&resource, lease.lease_id.as_str()).await.is_err() {
                     errors += 1;
                     continue;
                 }

@@ -10,6 +10,24 @@
 //! | 4 | not the holder: NOT_HOLDER, LEASE_EXPIRED |
 //! | 5 | unavailable or outcome unknown: no leader, NO_QUORUM, timeouts |
 //! | 6 | refused as invalid: INVALID_ARGUMENT, REQUEST_ID_REUSED |
+//!
+//! `fencer exec` passes its command's status through (0–255, or 128 + N
+//! when the command was killed by signal N), so its own outcomes live in a
+//! reserved range that ordinary programs do not use: **200 + the code above**
+//! for the same failure, plus 207.
+//!
+//! | code | `fencer exec` |
+//! |---|---|
+//! | 201 | other fencer error; the command may not have run |
+//! | 202 | usage error; nothing ran |
+//! | 203 | not acquired; the command did not run |
+//! | 204 | the lock was lost (or in doubt) while the command ran, and fencer stopped it |
+//! | 205 | unavailable or outcome unknown while acquiring; the command did not run |
+//! | 206 | refused as invalid (resource name, ttl); the command did not run |
+//! | 207 | the command could not be started (not found, not executable) |
+//!
+//! A command that itself exits with 201–207 cannot be told apart from these;
+//! fencer also logs its own outcome on stderr.
 
 use std::process::ExitCode;
 
@@ -17,6 +35,8 @@ use fencer_client::{ClientError, Reason};
 
 /// Any other failure.
 pub(crate) const ERROR: u8 = 1;
+/// Bad flags (clap's own code).
+pub(crate) const USAGE: u8 = 2;
 /// The lock was not acquired.
 pub(crate) const NOT_ACQUIRED: u8 = 3;
 /// The lease is not (or no longer) the holder.
@@ -26,9 +46,23 @@ pub(crate) const UNAVAILABLE: u8 = 5;
 /// The request was refused as invalid.
 pub(crate) const INVALID: u8 = 6;
 
-/// The exit code for a client error.
-pub(crate) fn for_error(e: &ClientError) -> ExitCode {
-    let code = match e {
+/// `fencer exec`'s own outcomes: 200 + the code of the same failure.
+pub(crate) mod exec {
+    /// Added to the other commands' codes.
+    pub(crate) const OFFSET: u8 = 200;
+    /// Any other failure.
+    pub(crate) const ERROR: u8 = OFFSET + super::ERROR;
+    /// Bad flags.
+    pub(crate) const USAGE: u8 = OFFSET + super::USAGE;
+    /// The lock was lost (or in doubt) while the command ran; it was stopped.
+    pub(crate) const LOCK_LOST: u8 = OFFSET + super::NOT_HOLDER;
+    /// The command could not be started.
+    pub(crate) const CANNOT_START: u8 = OFFSET + 7;
+}
+
+/// The code of a client error, for every command but `exec`.
+pub(crate) fn code_for(e: &ClientError) -> u8 {
+    match e {
         ClientError::Unavailable { .. } => UNAVAILABLE,
         ClientError::Config(_) => INVALID,
         ClientError::Refused { reason, .. } => match reason {
@@ -42,6 +76,38 @@ pub(crate) fn for_error(e: &ClientError) -> ExitCode {
             | Reason::ShuttingDown => UNAVAILABLE,
             Reason::Other(_) => ERROR,
         },
-    };
-    ExitCode::from(code)
+    }
+}
+
+/// The exit code for a client error.
+pub(crate) fn for_error(e: &ClientError) -> ExitCode {
+    ExitCode::from(code_for(e))
+}
+
+/// `fencer exec`'s code for a client error before the command ran.
+pub(crate) fn exec_for_error(e: &ClientError) -> ExitCode {
+    ExitCode::from(exec::OFFSET + code_for(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_codes_do_not_overlap_signal_codes_or_each_other() {
+        let ours = [exec::ERROR, exec::USAGE, 203, exec::LOCK_LOST, 205, 206, exec::CANNOT_START];
+        // Shells report a death by signal N as 128 + N, N ≤ 64.
+        assert!(ours.iter().all(|c| *c > 128 + 64));
+        let mut sorted = ours.to_vec();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ours.len());
+        let refused = |reason| ClientError::Refused {
+            code: tonic::Code::Aborted,
+            reason,
+            message: String::new(),
+            metadata: Default::default(),
+        };
+        assert_eq!(exec_for_error(&refused(Reason::LockHeld)), ExitCode::from(203));
+        assert_eq!(exec_for_error(&refused(Reason::InvalidArgument)), ExitCode::from(206));
+    }
 }

@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd;
 mod exit;
@@ -52,6 +52,14 @@ enum Command {
     Status(cmd::status::StatusArgs),
     /// Free a lock whoever holds it (operator action, audited).
     ForceRelease(cmd::lock::ForceReleaseArgs),
+    /// Run a command while holding a lock; stop it if the lock is lost.
+    #[command(after_help = "\
+The command gets FENCER_RESOURCE, FENCER_TOKEN and FENCER_LEASE_ID. Exit status: the command's own \
+(128 + N if signal N ended it), or fencer's: 203 not acquired, 204 lock lost while it ran, 205 \
+unavailable, 206 invalid, 207 cannot start, 202 usage, 201 other. See docs/client.md.")]
+    Exec(cmd::exec::ExecArgs),
+    /// Print a shell completion script: `fencer completions bash`.
+    Completions(cmd::completions::CompletionsArgs),
     /// Sidecar proxy: fence writes in front of a database (DESIGN §4).
     Proxy(cmd::proxy::ProxyArgs),
     /// Show the proxy's rejected-write log.
@@ -61,7 +69,19 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // A usage error of `exec` must not look like its command's status.
+            let code = match e.exit_code() {
+                0 => 0,
+                _ if cmd::exec::is_exec_invocation(std::env::args_os()) => exit::exec::USAGE,
+                _ => exit::USAGE,
+            };
+            return ExitCode::from(code);
+        }
+    };
     init_tracing(&cli.log, cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -81,6 +101,8 @@ fn main() -> ExitCode {
             Command::List(args) => cmd::lock::list(args).await,
             Command::Status(args) => cmd::status::run(args).await,
             Command::ForceRelease(args) => cmd::lock::force_release(args).await,
+            Command::Exec(args) => cmd::exec::run(args).await,
+            Command::Completions(args) => cmd::completions::run(args, Cli::command()),
             Command::Proxy(args) => cmd::proxy::run_proxy(args).await,
             Command::Rejections(args) => cmd::proxy::run_rejections(args).await,
             Command::ProxyStatus(args) => cmd::proxy::run_proxy_status(args).await,

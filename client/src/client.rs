@@ -1,5 +1,8 @@
 //! [`Client`]: endpoints, leader discovery and the calls of the lock API.
 //!
+//! These are single calls. [`Client::acquire`] (module `acquire`) builds on
+//! them: retries of unknown outcomes, then a renewed [`crate::Lease`].
+//!
 //! Every call goes to the last node that answered as leader, else to the
 //! endpoints in order. NOT_LEADER with an address moves the call to that
 //! address; NOT_LEADER without one (an election is running) and transport
@@ -9,7 +12,7 @@
 //! across attempts), Renew and Release are idempotent.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fencer_proto::v1::admin_client::AdminClient;
@@ -38,30 +41,32 @@ pub fn new_request_id() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Options of an acquire.
-#[derive(Debug, Clone, Default)]
-pub struct AcquireOptions {
-    /// The lock.
-    pub resource: String,
-    /// Lease length; `None` → the server default (30 s).
-    pub ttl: Option<Duration>,
-    /// How long to wait in the queue; zero → try once.
-    pub wait: Duration,
-    /// Free-text identity for humans and the audit log.
-    pub holder: String,
-    /// The attempt's id; `None` → generated, and kept across retries.
-    pub request_id: Option<String>,
+/// A holder description for the audit log: `user@host/pid`.
+pub fn default_holder() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let host =
+        std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into());
+    format!("{user}@{host}/{}", std::process::id())
 }
 
-impl AcquireOptions {
-    /// Try once to take `resource` with the default ttl.
-    pub fn new(resource: impl Into<String>) -> Self {
-        Self { resource: resource.into(), ..Self::default() }
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("endpoints", &self.endpoints()).finish()
     }
 }
 
-/// A connection to a fencer cluster.
+/// A connection to a fencer cluster. Cheap to clone: clones share the
+/// connections and the known leader.
+///
+/// Connections are driven by tasks on the tokio runtime that first used
+/// them, so a client and its clones belong to one runtime: give each
+/// runtime (each thread with its own runtime) a `Client` of its own.
+#[derive(Clone)]
 pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     endpoints: Vec<String>,
     state: Mutex<State>,
     call_timeout: Duration,
@@ -90,22 +95,38 @@ impl Client {
             endpoint(e)?;
         }
         let max_attempts = 3 * endpoints.len() + 3;
-        Ok(Self { endpoints, state: Mutex::new(State::default()), call_timeout: Duration::from_secs(10), max_attempts })
+        let inner = Inner {
+            endpoints,
+            state: Mutex::new(State::default()),
+            call_timeout: Duration::from_secs(10),
+            max_attempts,
+        };
+        Ok(Self { inner: Arc::new(inner) })
     }
 
-    /// Sets the time one attempt may take beyond any requested wait.
-    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
-        self.call_timeout = timeout;
-        self
+    /// Sets the time one attempt may take beyond any requested wait. Call it
+    /// before cloning: clones made earlier keep the old value.
+    pub fn with_call_timeout(self, timeout: Duration) -> Self {
+        let inner = Inner {
+            endpoints: self.inner.endpoints.clone(),
+            state: Mutex::new(State::default()),
+            call_timeout: timeout,
+            max_attempts: self.inner.max_attempts,
+        };
+        Self { inner: Arc::new(inner) }
     }
 
     /// The configured endpoints.
     pub fn endpoints(&self) -> &[String] {
-        &self.endpoints
+        &self.inner.endpoints
+    }
+
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.inner.call_timeout
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, ClientError> {
@@ -128,17 +149,19 @@ impl Client {
         let mut target = self.state().leader.clone();
         let mut last =
             ClientError::Unavailable { reason: None, message: "no endpoint tried".into(), metadata: HashMap::new() };
-        for attempt in 0..self.max_attempts {
+        let endpoints = &self.inner.endpoints;
+        let call_timeout = self.inner.call_timeout;
+        for attempt in 0..self.inner.max_attempts {
             let addr = match target.take() {
                 Some(a) => a,
                 None => {
-                    let a = self.endpoints[next_endpoint % self.endpoints.len()].clone();
+                    let a = endpoints[next_endpoint % endpoints.len()].clone();
                     next_endpoint += 1;
                     a
                 }
             };
             let channel = self.channel(&addr)?;
-            let result = tokio::time::timeout(self.call_timeout + extra, op(channel)).await;
+            let result = tokio::time::timeout(call_timeout + extra, op(channel)).await;
             let err = match result {
                 Ok(Ok(resp)) => {
                     self.state().leader = Some(addr);
@@ -147,7 +170,7 @@ impl Client {
                 Ok(Err(status)) => ClientError::from_status(&status),
                 Err(_) => ClientError::Unavailable {
                     reason: None,
-                    message: format!("{addr} did not answer within {:?}", self.call_timeout + extra),
+                    message: format!("{addr} did not answer within {:?}", call_timeout + extra),
                     metadata: HashMap::new(),
                 },
             };
@@ -177,18 +200,19 @@ impl Client {
         Err(last)
     }
 
-    /// Takes a lock. The request id is generated when not given and reused on
-    /// every internal retry, so a retry never creates a second lease (I7).
-    pub async fn acquire(&self, opts: AcquireOptions) -> Result<AcquireResponse, ClientError> {
-        let req = AcquireRequest {
-            resource: opts.resource,
-            request_id: opts.request_id.unwrap_or_else(new_request_id),
-            ttl_ms: opts.ttl.map_or(0, |t| t.as_millis() as u64),
-            wait_timeout_ms: opts.wait.as_millis() as u64,
-            holder: opts.holder,
-        };
-        self.route(opts.wait, |c| {
-            let req = req.clone();
+    /// One Acquire, routed to the leader. Transport failures are resent with
+    /// the same request id (I7), each asking to wait only until `wait_end`;
+    /// an unknown outcome the server reports is returned to the caller, which
+    /// retries (module `acquire`).
+    pub(crate) async fn acquire_once(
+        &self,
+        req: AcquireRequest,
+        wait_end: tokio::time::Instant,
+    ) -> Result<AcquireResponse, ClientError> {
+        let wait = wait_end.saturating_duration_since(crate::clock::now());
+        self.route(wait, |c| {
+            let mut req = req.clone();
+            req.wait_timeout_ms = wait_end.saturating_duration_since(crate::clock::now()).as_millis() as u64;
             async move { LockClient::new(c).acquire(req).await }
         })
         .await
@@ -252,7 +276,7 @@ impl Client {
     /// The status of one node, asked directly (no leader routing).
     pub async fn node_status(&self, addr: &str) -> Result<StatusResponse, ClientError> {
         let channel = self.channel(addr)?;
-        match tokio::time::timeout(self.call_timeout, AdminClient::new(channel).status(StatusRequest {})).await {
+        match tokio::time::timeout(self.inner.call_timeout, AdminClient::new(channel).status(StatusRequest {})).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
             Ok(Err(status)) => Err(ClientError::from_status(&status)),
             Err(_) => Err(ClientError::Unavailable {

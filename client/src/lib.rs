@@ -1,39 +1,83 @@
-//! Client library for fencer (DESIGN §5).
+//! Client library for fencer (DESIGN §5): take a lock, keep it, know when
+//! you lost it, and make every write carry its fencing token.
 //!
-//! This is the connection layer: a [`Client`] that knows several coordinator
-//! endpoints, finds the leader, follows NOT_LEADER hints, reconnects, and
-//! turns statuses into a typed [`ClientError`] that keeps "the server refused"
-//! apart from "the outcome is unknown".
+//! - [`Client`] knows several coordinator endpoints, finds the leader,
+//!   follows NOT_LEADER hints and reconnects.
+//! - [`Client::acquire`] returns a [`Lease`] that renews itself every ttl/3
+//!   (±10 %) and reports [`LeaseState`]: **Held** (work may start),
+//!   **Uncertain** (a renewal failed or is late: start nothing new),
+//!   **Lost** (final: stop). The local deadline is counted from the *send*
+//!   time of the last successful renewal, minus a safety margin.
+//! - Unknown outcomes are retried with the same request id, so a retry never
+//!   creates a second lease or a second waiter (I7).
+//! - [`Client::acquire_all`] takes several locks in sorted order within one
+//!   timeout (not atomic).
+//! - [`StampLayer`] stamps `Fencing-Token` on outgoing HTTP requests and
+//!   refuses to send them unless the lease is Held.
+//!
+//! The guide is `docs/client.md` in the repository.
 //!
 //! # Layout
 //! - `client` — [`Client`]: endpoints, leader discovery, one call per operation.
+//! - `acquire` — [`AcquireBuilder`]: retries with a stable request id, the
+//!   first deadline, [`AcquireError`].
+//! - `lease` — [`Lease`], [`LeaseHandle`], [`LeaseState`], release and
+//!   release-on-drop.
+//! - `renewal` — the renewal task and its timing.
+//! - `acquire_all` — ordered multi-lock acquisition, [`LeaseSet`].
+//! - `stamp` — the tower layer, [`Stamp`] and [`PlainToken`].
+//! - `clock` — the only place time and timing randomness are read.
+//! - `types` — [`FencingToken`], [`LeaseId`].
 //! - `error` — [`ClientError`] and [`Reason`], decoded from `google.rpc.ErrorInfo`.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), fencer_client::ClientError> {
-//! use fencer_client::{AcquireOptions, Client};
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use fencer_client::Client;
 //!
 //! let client = Client::new(["127.0.0.1:7420"])?;
-//! let lease = client.acquire(AcquireOptions::new("orders/42")).await?;
-//! println!("token {}", lease.fencing_token);
-//! client.release("orders/42", &lease.lease_id).await?;
+//! let lease = client.acquire("orders/42").ttl(Duration::from_secs(30)).wait(Duration::from_secs(5)).await?;
+//! while lease.is_held() {
+//!     // one bounded piece of work, sending lease.token() with every write
+//!     # break;
+//! }
+//! lease.release().await?;
 //! # Ok(()) }
 //! ```
 //!
 //! A doc test that runs without a server:
 //!
 //! ```
-//! use fencer_client::{Client, Reason};
+//! use fencer_client::{Client, FencingToken, LeaseState, LostReason, Reason};
 //!
 //! assert!(Client::new(Vec::<String>::new()).is_err());
 //! assert_eq!(Reason::parse("LOCK_HELD"), Reason::LockHeld);
+//! assert!(LeaseState::Lost(LostReason::DeadlinePassed).is_lost());
+//! assert!(!LeaseState::Uncertain.is_held());
+//! assert_eq!(FencingToken(42).to_string(), "42");
 //! ```
 
+mod acquire;
+mod acquire_all;
 mod client;
+mod clock;
 mod error;
+mod lease;
+mod renewal;
+mod stamp;
+mod types;
 
-pub use self::client::{AcquireOptions, Client, DEFAULT_ENDPOINT, new_request_id};
+pub use self::acquire::{AcquireBuilder, AcquireError, DEFAULT_RETRY_BUDGET, Grant};
+pub use self::acquire_all::{AcquireAll, AcquireAllError, LeaseSet};
+pub use self::client::{Client, DEFAULT_ENDPOINT, default_holder, new_request_id};
+pub use self::clock::Instant;
 pub use self::error::{ClientError, Reason};
+pub use self::lease::{Lease, LeaseHandle, LeaseState, LostReason, ReleaseError, Released};
+pub use self::stamp::{
+    Claim, FENCING_RESOURCE_HEADER, FENCING_TOKEN_HEADER, PlainToken, Stamp, StampError, StampLayer, Stamped,
+    StampedError, StampedFuture,
+};
+pub use self::types::{FencingToken, LeaseId};
 pub use fencer_proto::v1::{
     AcquireResponse, ForceReleaseResponse, GetLockResponse, ListLocksResponse, NodeStatus, ReleaseResponse,
     RenewResponse, StatusResponse,

@@ -38,6 +38,7 @@ Try, in another terminal:
   fencer get orders/42
   fencer renew orders/42 --lease <lease_id>
   fencer release orders/42 --lease <lease_id>
+  fencer exec orders/42 --ttl 30s -- sh -c 'echo token $FENCER_TOKEN'
   fencer list
   fencer status
   curl -s http://{addr}/v1/locks/orders/42

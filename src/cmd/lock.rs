@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use fencer_client::{AcquireOptions, Client, ClientError, GetLockResponse};
+use fencer_client::{AcquireError, Client, ClientError, GetLockResponse};
 use serde_json::{Value, json};
 
 use super::parse_duration;
@@ -34,6 +34,12 @@ impl ClientArgs {
 /// Prints a client error (stderr; and stdout as JSON with `-o json`) and
 /// returns its exit code.
 pub(crate) fn fail(output: OutputFormat, e: &ClientError) -> ExitCode {
+    report(output, e);
+    exit::for_error(e)
+}
+
+/// Prints a client error: stderr, and stdout as JSON with `-o json`.
+pub(crate) fn report(output: OutputFormat, e: &ClientError) {
     let (reason, metadata) = match e {
         ClientError::Refused { reason, metadata, .. } => (reason.as_str().to_string(), metadata.clone()),
         ClientError::Unavailable { reason, metadata, .. } => {
@@ -45,7 +51,6 @@ pub(crate) fn fail(output: OutputFormat, e: &ClientError) -> ExitCode {
     if output == OutputFormat::Json {
         let _ = print_json(&json!({ "error": { "reason": reason, "message": e.to_string(), "metadata": metadata } }));
     }
-    exit::for_error(e)
 }
 
 /// Prints `value` as JSON, or its fields as `key  value` lines.
@@ -67,61 +72,87 @@ fn show(output: OutputFormat, value: &Value) -> anyhow::Result<()> {
     }
 }
 
+/// How to take a lock: shared by `fencer acquire` and `fencer exec`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct LockArgs {
+    /// Lease length (`500ms`, `30s`, `5m`); the server's bounds apply.
+    #[arg(long, env = "FENCER_TTL", value_parser = parse_duration, default_value = "30s")]
+    pub(crate) ttl: Duration,
+    /// Wait up to this long in the FIFO queue when the lock is held; 0 tries once.
+    #[arg(long, env = "FENCER_WAIT", value_parser = parse_duration, default_value = "0s")]
+    pub(crate) wait: Duration,
+    /// Keep retrying an unknown outcome (same request id) this long when not
+    /// waiting longer anyway.
+    #[arg(long, env = "FENCER_RETRY_BUDGET", value_parser = parse_duration, default_value = "10s")]
+    pub(crate) retry_budget: Duration,
+    /// Who holds the lock, for humans and the audit log (default: user@host/pid).
+    #[arg(long, env = "FENCER_HOLDER")]
+    pub(crate) holder: Option<String>,
+}
+
+impl LockArgs {
+    /// An acquire of `resource` configured by these flags.
+    pub(crate) fn acquire(&self, client: &Client, resource: &str) -> fencer_client::AcquireBuilder {
+        client
+            .acquire(resource)
+            .ttl(self.ttl)
+            .wait(self.wait)
+            .retry_budget(self.retry_budget)
+            .holder(self.holder.clone().unwrap_or_else(fencer_client::default_holder))
+    }
+}
+
 /// Arguments of `fencer acquire`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct AcquireArgs {
     /// The resource to lock, e.g. `orders/42`.
     resource: String,
-    /// Lease length (`500ms`, `30s`, `5m`); the server's bounds apply.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
-    ttl: Duration,
-    /// Wait up to this long in the FIFO queue when the lock is held; 0 tries once.
-    #[arg(long, value_parser = parse_duration, default_value = "0s")]
-    wait: Duration,
+    #[command(flatten)]
+    lock: LockArgs,
     /// The attempt's request id (8–128 printable ASCII bytes); reuse it to retry
     /// safely. Generated when absent.
     #[arg(long)]
     request_id: Option<String>,
-    /// Who holds the lock, for humans and the audit log (default: user@host/pid).
-    #[arg(long)]
-    holder: Option<String>,
     #[command(flatten)]
     client: ClientArgs,
 }
 
-fn default_holder() -> String {
-    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-    let host =
-        std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into());
-    format!("{user}@{host}/{}", std::process::id())
+/// Prints an acquire failure (see [`report`]); an unknown outcome also names
+/// the request id to retry with.
+pub(crate) fn report_acquire(output: OutputFormat, e: &AcquireError) {
+    if let AcquireError::Unavailable { request_id, .. } = e {
+        eprintln!("fencer: the outcome is unknown; retry with --request-id {request_id} to learn it");
+    }
+    report(output, e.client_error());
 }
 
 pub(crate) async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
     let client = args.client.client()?;
-    let opts = AcquireOptions {
-        resource: args.resource,
-        ttl: Some(args.ttl),
-        wait: args.wait,
-        holder: args.holder.unwrap_or_else(default_holder),
-        request_id: args.request_id,
-    };
-    match client.acquire(opts).await {
-        Ok(r) => {
+    let mut acquire = args.lock.acquire(&client, &args.resource);
+    if let Some(id) = args.request_id {
+        acquire = acquire.request_id(id);
+    }
+    // The bare grant: the CLI exits, so nothing would renew a Lease.
+    match acquire.grant().await {
+        Ok(g) => {
             show(
                 args.client.output,
                 &json!({
-                    "resource": r.resource,
-                    "lease_id": r.lease_id,
-                    "fencing_token": r.fencing_token,
-                    "ttl_ms": r.ttl_ms,
-                    "expires_at_unix_ms": r.expires_at_unix_ms,
-                    "waited": r.waited,
-                    "request_id": r.request_id,
+                    "resource": g.resource,
+                    "lease_id": g.lease_id.as_str(),
+                    "fencing_token": g.token.get(),
+                    "ttl_ms": g.ttl.as_millis() as u64,
+                    "expires_at_unix_ms": g.expires_at_unix_ms,
+                    "waited": g.waited,
+                    "request_id": g.request_id,
                 }),
             )?;
             Ok(ExitCode::SUCCESS)
         }
-        Err(e) => Ok(fail(args.client.output, &e)),
+        Err(e) => {
+            report_acquire(args.client.output, &e);
+            Ok(exit::for_error(e.client_error()))
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 //! One module per subcommand.
 
+pub(crate) mod completions;
 pub(crate) mod coordinator;
 pub(crate) mod dev;
+pub(crate) mod exec;
 pub(crate) mod lock;
 pub(crate) mod proxy;
 pub(crate) mod status;

@@ -5,6 +5,9 @@
 // polling with std time is what they need (no tokio runtime here).
 #![allow(clippy::disallowed_types)]
 
+pub mod fault;
+pub mod node;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,291 @@
+//! [`StampLayer`]: a tower layer for HTTP clients (hyper, reqwest-style
+//! stacks) that stamps the lease's fencing token on every request and
+//! refuses to send one unless the lease is Held (DESIGN §5).
+//!
+//! The refusal is a courtesy, not the guarantee: a request checked while
+//! Held can still arrive after the lease ended (the process may pause right
+//! after the check). The guarantee is the fence at the other end — the
+//! fencer proxy (or the database's own check) rejects a token older than one
+//! it has seen, with `409 application/problem+json`.
+//!
+//! How the token travels is a [`Stamp`]. [`PlainToken`] sends
+//! `Fencing-Token: <u64>` (and optionally `Fencing-Resource`), which is what
+//! the proxy reads today. Signed tokens (DESIGN P7) will be another `Stamp`
+//! reading the signature from the [`Claim`] (a `#[non_exhaustive]` struct that
+//! will gain that field), without changing the layer.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{HeaderMap, HeaderName, HeaderValue, Request};
+use tower::{Layer, Service};
+
+use crate::lease::{LeaseHandle, LeaseState};
+use crate::types::FencingToken;
+
+/// The header carrying the fencing token (what `fencer proxy` reads).
+pub const FENCING_TOKEN_HEADER: HeaderName = HeaderName::from_static("fencing-token");
+/// The header naming the resource; the proxy checks it against its route (P6).
+pub const FENCING_RESOURCE_HEADER: HeaderName = HeaderName::from_static("fencing-resource");
+
+/// What a [`Stamp`] may put on a request.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    /// The locked resource.
+    pub resource: &'a str,
+    /// The lease's fencing token.
+    pub token: FencingToken,
+}
+
+/// Why a [`Stamp`] could not stamp a request.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("cannot stamp the fencing token: {0}")]
+pub struct StampError(pub String);
+
+/// Writes a claim into request headers. Implement it to carry tokens in
+/// another form (a signed token, a database-specific header).
+pub trait Stamp: Send + Sync + 'static {
+    /// Adds the claim to `headers`, replacing any earlier value.
+    fn stamp(&self, claim: &Claim<'_>, headers: &mut HeaderMap) -> Result<(), StampError>;
+}
+
+/// `Fencing-Token: <u64>`, and `Fencing-Resource: <name>` if asked for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PlainToken {
+    with_resource: bool,
+}
+
+impl PlainToken {
+    /// Also send `Fencing-Resource`, so a proxy whose route maps to another
+    /// resource rejects the request instead of applying the token there.
+    pub fn with_resource(mut self) -> Self {
+        self.with_resource = true;
+        self
+    }
+}
+
+impl Stamp for PlainToken {
+    fn stamp(&self, claim: &Claim<'_>, headers: &mut HeaderMap) -> Result<(), StampError> {
+        headers.insert(FENCING_TOKEN_HEADER, HeaderValue::from(claim.token.get()));
+        if self.with_resource {
+            let value = HeaderValue::from_str(claim.resource)
+                .map_err(|_| StampError(format!("resource {:?} is not a valid header value", claim.resource)))?;
+            headers.insert(FENCING_RESOURCE_HEADER, value);
+        }
+        Ok(())
+    }
+}
+
+/// A tower layer stamping one lease's token; see the module documentation.
+#[derive(Clone)]
+pub struct StampLayer {
+    lease: LeaseHandle,
+    stamp: Arc<dyn Stamp>,
+}
+
+impl std::fmt::Debug for StampLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StampLayer").field("lease", &self.lease).finish_non_exhaustive()
+    }
+}
+
+impl StampLayer {
+    /// Stamps `lease`'s token as `Fencing-Token`.
+    pub fn new(lease: LeaseHandle) -> Self {
+        Self { lease, stamp: Arc::new(PlainToken::default()) }
+    }
+
+    /// Uses another way of carrying the token.
+    pub fn with_stamp(mut self, stamp: impl Stamp) -> Self {
+        self.stamp = Arc::new(stamp);
+        self
+    }
+}
+
+impl<S> Layer<S> for StampLayer {
+    type Service = Stamped<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Stamped { inner, lease: self.lease.clone(), stamp: self.stamp.clone() }
+    }
+}
+
+/// The service [`StampLayer`] makes.
+#[derive(Clone)]
+pub struct Stamped<S> {
+    inner: S,
+    lease: LeaseHandle,
+    stamp: Arc<dyn Stamp>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Stamped<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stamped").field("inner", &self.inner).field("lease", &self.lease).finish_non_exhaustive()
+    }
+}
+
+/// Why a [`Stamped`] request failed.
+#[derive(Debug)]
+pub enum StampedError<E> {
+    /// Not sent: the lease was not Held when the request was made.
+    NotHeld(LeaseState),
+    /// Not sent: the token could not be stamped.
+    Stamp(StampError),
+    /// Sent (or attempted) by the inner service, which failed.
+    Inner(E),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for StampedError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotHeld(state) => write!(f, "not sent: the lease is {state}"),
+            Self::Stamp(e) => write!(f, "not sent: {e}"),
+            Self::Inner(e) => e.fmt(f),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for StampedError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::NotHeld(_) => None,
+            Self::Stamp(e) => Some(e),
+            Self::Inner(e) => Some(e),
+        }
+    }
+}
+
+impl<S, B> Service<Request<B>> for Stamped<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = StampedError<S::Error>;
+    type Future = StampedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(StampedError::Inner)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        // Checked against the clock, not only the published state: after a
+        // pause the renewal task may not have run, but the deadline is past.
+        let state = self.lease.check();
+        if !state.is_held() {
+            return StampedFuture::refused(StampRefusal::NotHeld(state));
+        }
+        let claim = Claim { resource: self.lease.resource(), token: self.lease.token() };
+        if let Err(e) = self.stamp.stamp(&claim, req.headers_mut()) {
+            return StampedFuture::refused(StampRefusal::Stamp(e));
+        }
+        StampedFuture { kind: Kind::Inner { future: self.inner.call(req) } }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`Stamped`].
+    pub struct StampedFuture<F> {
+        #[pin]
+        kind: Kind<F>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = KindProj]
+    enum Kind<F> {
+        Refused { error: Option<StampRefusal> },
+        Inner { #[pin] future: F },
+    }
+}
+
+/// A refusal made before the inner service was called.
+enum StampRefusal {
+    NotHeld(LeaseState),
+    Stamp(StampError),
+}
+
+impl<F> StampedFuture<F> {
+    fn refused(error: StampRefusal) -> Self {
+        Self { kind: Kind::Refused { error: Some(error) } }
+    }
+}
+
+impl<F, T, E> Future for StampedFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    type Output = Result<T, StampedError<E>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Refused { error } => Poll::Ready(Err(match error.take() {
+                Some(StampRefusal::NotHeld(s)) => StampedError::NotHeld(s),
+                Some(StampRefusal::Stamp(e)) => StampedError::Stamp(e),
+                None => panic!("StampedFuture polled after completion"),
+            })),
+            KindProj::Inner { future } => future.poll(cx).map_err(StampedError::Inner),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::lease::{LeaseHandle, LostReason};
+    use crate::renewal::tests::core;
+
+    type Seen = Arc<Mutex<Vec<HeaderMap>>>;
+
+    fn upstream(seen: Seen) -> impl Service<Request<()>, Response = u16, Error = std::convert::Infallible> + Clone {
+        tower::service_fn(move |req: Request<()>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(req.headers().clone());
+                Ok(200)
+            }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stamps_the_token_while_held_and_refuses_otherwise() {
+        let ttl = Duration::from_secs(30);
+        let core = core(ttl, crate::clock::now());
+        let lease = LeaseHandle::from_core(core.clone());
+        let seen = Seen::default();
+        let svc = StampLayer::new(lease.clone())
+            .with_stamp(PlainToken::default().with_resource())
+            .layer(upstream(seen.clone()));
+
+        let mut req = Request::new(());
+        req.headers_mut().insert(FENCING_TOKEN_HEADER, HeaderValue::from_static("999"));
+        assert_eq!(svc.clone().oneshot(req).await.unwrap(), 200);
+        {
+            let seen = seen.lock().unwrap();
+            assert_eq!(
+                seen[0].get_all(FENCING_TOKEN_HEADER).iter().collect::<Vec<_>>(),
+                ["7"],
+                "replaced, not appended"
+            );
+            assert_eq!(seen[0][FENCING_RESOURCE_HEADER], "orders/42");
+        }
+
+        core.set(LeaseState::Uncertain);
+        let err = svc.clone().oneshot(Request::new(())).await.unwrap_err();
+        assert!(matches!(err, StampedError::NotHeld(LeaseState::Uncertain)), "{err}");
+        core.set(LeaseState::Held);
+
+        // Past the deadline with no renewal task to say so: refused all the same.
+        tokio::time::advance(ttl).await;
+        let err = svc.clone().oneshot(Request::new(())).await.unwrap_err();
+        assert!(matches!(err, StampedError::NotHeld(LeaseState::Lost(LostReason::DeadlinePassed))), "{err}");
+        assert_eq!(seen.lock().unwrap().len(), 1, "refused requests never reach the inner service");
+    }
+}
