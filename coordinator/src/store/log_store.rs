@@ -131,6 +131,16 @@ impl LogStore {
         Ok(Self { shared, tx })
     }
 
+    /// Whether the log holds no raft data at all: no entry, nothing purged,
+    /// no vote beyond term 0. A pristine node's log is empty until it joins.
+    pub fn is_pristine(&self) -> bool {
+        use openraft::vote::RaftLeaderId;
+        let mem = lock(&self.shared.mem);
+        mem.last_log_id.is_none()
+            && mem.last_purged.is_none()
+            && mem.vote.as_ref().is_none_or(|v| v.leader_id.term() == 0)
+    }
+
     /// The committed log id saved by raft, read at open (for status and recovery).
     pub fn saved_committed(&self) -> Option<u64> {
         lock(&self.shared.mem).committed.as_ref().map(|l| l.index)
