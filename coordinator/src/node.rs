@@ -230,19 +230,10 @@ impl Node {
     pub async fn start(config: NodeConfig) -> Result<Node, StartError> {
         let dir = config.data_dir.clone();
         std::fs::create_dir_all(&dir).map_err(data_dir_error(&dir))?;
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| StartError::Bind { addr: config.listen, source })?;
-        let local_addr = listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
-        let advertise = config.advertise.clone().unwrap_or_else(|| local_addr.to_string());
-        let mut peers = config.peers.clone();
-        if peers.is_empty() {
-            peers.insert(config.node_id, advertise.clone());
-        }
-        if !peers.contains_key(&config.node_id) {
+        if !config.peers.is_empty() && !config.peers.contains_key(&config.node_id) {
             return Err(StartError::Config(format!("--peers does not list this node's id {}", config.node_id)));
         }
-        let single = peers.len() == 1;
+        let single = config.peers.keys().all(|id| *id == config.node_id);
         let identity = {
             let d = dir.clone();
             blocking(move || bootstrap::read_identity(&d)).await.map_err(data_dir_error(&dir))?
@@ -267,6 +258,23 @@ impl Node {
             }
             None => None,
         };
+        // Rule 2: greet the peers before listening or touching the stores;
+        // refuse a foreign data dir.
+        if let Some(id) = &identity
+            && !single
+        {
+            let answers = bootstrap::greet_peers(&config.peers, config.node_id, &id.cluster_id, HELLO_TIMEOUT).await;
+            if let Some(evidence) = bootstrap::foreign_evidence(&id.cluster_id, &answers, &config.peers) {
+                return Err(StartError::ForeignCluster { path: dir, ours: id.cluster_id.clone(), evidence });
+            }
+        }
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartError::Bind { addr: config.listen, source })?;
+        let local_addr = listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
+        let advertise = config.advertise.clone().unwrap_or_else(|| local_addr.to_string());
+        let mut peers = config.peers.clone();
+        peers.entry(config.node_id).or_insert(advertise);
         let cluster = Arc::new(ClusterId::new(identity.as_ref().map(|i| i.cluster_id.clone())));
         let metrics = Metrics::new();
         let clock = Clock;
@@ -352,20 +360,6 @@ impl Node {
             peers.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
         match &identity {
             Some(id) => {
-                // Rule 2: greet every node we know of; refuse a foreign data dir.
-                let mut known = peers.clone();
-                for (nid, node) in raft.metrics().borrow_watched().membership_config.membership().nodes() {
-                    known.entry(*nid).or_insert_with(|| node.addr.clone());
-                }
-                if known.len() > 1 {
-                    let answers = bootstrap::greet_peers(&known, config.node_id, &id.cluster_id, HELLO_TIMEOUT).await;
-                    if let Some(evidence) = bootstrap::foreign_evidence(&id.cluster_id, &answers, &known) {
-                        let _ = shutdown_tx.send(true);
-                        let _ = raft.shutdown().await;
-                        let _ = server.await;
-                        return Err(StartError::ForeignCluster { path: dir, ours: id.cluster_id.clone(), evidence });
-                    }
-                }
                 // Rules 3 and 5; rule 6: an initialised node never initialises again.
                 if !initialized && (single || id.founder) {
                     tracing::info!(node = config.node_id, members = ?peers, cluster = %id.cluster_id, "initialising the cluster");
