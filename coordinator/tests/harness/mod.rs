@@ -115,6 +115,18 @@ impl Cluster {
 
     /// Like [`start`](Self::start), with each node's config adjusted by `tweak`.
     pub async fn start_with(n: u64, tweak: impl Fn(&mut NodeConfig)) -> Self {
+        let cluster = Self::prepare(n, tweak).await;
+        let starts: Vec<_> = cluster.ids().into_iter().map(|id| start_node(cluster.config(id))).collect();
+        for node in futures::future::join_all(starts).await {
+            locked(&cluster.nodes).insert(*node.raft().node_id(), Some(Arc::new(node)));
+        }
+        cluster.settled(Duration::from_secs(20)).await;
+        cluster
+    }
+
+    /// The configs of `n` voters, none started: start them with
+    /// [`restart`](Self::restart), in any order.
+    pub async fn prepare(n: u64, tweak: impl Fn(&mut NodeConfig)) -> Self {
         let turn = ONE_AT_A_TIME.clone().acquire_owned().await.expect("the semaphore is never closed");
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
@@ -122,6 +134,7 @@ impl Cluster {
         let addrs: BTreeMap<NodeId, SocketAddr> = (1..=n).map(|id| (id, free_addr())).collect();
         let peers: BTreeMap<NodeId, String> = addrs.iter().map(|(id, a)| (*id, a.to_string())).collect();
         let mut configs = BTreeMap::new();
+        let mut nodes = BTreeMap::new();
         for (id, addr) in &addrs {
             let mut c = NodeConfig::single(root.join(format!("n{id}")), *addr);
             c.node_id = *id;
@@ -135,13 +148,9 @@ impl Cluster {
             c.policy = Some(policy);
             tweak(&mut c);
             configs.insert(*id, c);
+            nodes.insert(*id, None);
         }
-        let starts: Vec<_> = configs.values().cloned().map(start_node).collect();
-        let mut nodes = BTreeMap::new();
-        for node in futures::future::join_all(starts).await {
-            nodes.insert(*node.raft().node_id(), Some(Arc::new(node)));
-        }
-        let cluster = Self {
+        Self {
             _turn: turn,
             _dir: dir,
             root,
@@ -149,9 +158,7 @@ impl Cluster {
             nodes: Mutex::new(nodes),
             net,
             client_faults: Arc::new(ClientFaults::default()),
-        };
-        cluster.settled(Duration::from_secs(20)).await;
-        cluster
+        }
     }
 
     /// Waits until every running node follows one leader that took over its
