@@ -50,6 +50,8 @@ enum Command {
     List(cmd::lock::ListArgs),
     /// Cluster status: members, leader, term, indexes, health.
     Status(cmd::status::StatusArgs),
+    /// Change the cluster's members: add-learner, promote, remove.
+    Member(cmd::member::MemberArgs),
     /// Free a lock whoever holds it (operator action, audited).
     ForceRelease(cmd::lock::ForceReleaseArgs),
     /// Sidecar proxy: fence writes in front of a database (DESIGN §4).
@@ -80,6 +82,7 @@ fn main() -> ExitCode {
             Command::Get(args) => cmd::lock::get(args).await,
             Command::List(args) => cmd::lock::list(args).await,
             Command::Status(args) => cmd::status::run(args).await,
+            Command::Member(args) => cmd::member::run(args).await,
             Command::ForceRelease(args) => cmd::lock::force_release(args).await,
             Command::Proxy(args) => cmd::proxy::run_proxy(args).await,
             Command::Rejections(args) => cmd::proxy::run_rejections(args).await,
