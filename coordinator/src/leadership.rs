@@ -31,8 +31,6 @@ use std::time::Duration;
 
 use openraft::ReadPolicy;
 use openraft::alias::{CommittedLeaderIdOf, LeaderIdOf};
-use openraft::rt::Instant as _;
-use openraft::rt::watch::WatchReceiver;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -222,14 +220,9 @@ impl Duties {
         self.leases.set_authoritative(true);
     }
 
-    /// Whether a quorum acknowledged this leader within one election timeout
-    /// (always, for a single voter).
+    /// Whether a quorum acknowledged this leader within one election timeout.
     fn quorum_recent(&self) -> bool {
-        let m = self.svc.inner.raft.metrics().borrow_watched().clone();
-        if m.membership_config.membership().voter_ids().count() <= 1 {
-            return true;
-        }
-        m.last_quorum_acked.is_some_and(|t| t.into_inner().elapsed() < self.election_timeout)
+        self.svc.has_quorum_lease()
     }
 
     fn expire_overdue(

@@ -271,6 +271,20 @@ impl LockService {
         }
     }
 
+    /// Whether a quorum acknowledged this leader within one election timeout
+    /// (always true for a single voter): while it holds, openraft's leader
+    /// lease guarantees no other leader exists.
+    pub(crate) fn has_quorum_lease(&self) -> bool {
+        use openraft::rt::Instant as _;
+        let m = self.inner.raft.metrics();
+        let m = openraft::rt::watch::WatchReceiver::borrow_watched(&m);
+        if m.state != openraft::ServerState::Leader {
+            return false;
+        }
+        m.membership_config.membership().voter_ids().count() <= 1
+            || m.last_quorum_acked.as_ref().is_some_and(|t| t.into_inner().elapsed() < self.inner.election_timeout)
+    }
+
     /// After a proposal was refused for want of a quorum lease: on a leader
     /// that has not been acknowledged by a quorum yet in its term (just
     /// elected), waits at most one election timeout for the first
@@ -447,7 +461,10 @@ impl LockService {
         let resource = ResourceName::new(resource)?;
         let lease_id: LeaseId = lease_id.parse()?;
         self.ensure_leader()?;
-        if self.inner.leases.is_overdue(&lease_id) {
+        // The local deadline decides only while a quorum vouches that no
+        // other leader can exist; a deposed or cut-off leader must answer
+        // UNAVAILABLE (through the log: NO_QUORUM), never LEASE_EXPIRED.
+        if self.inner.leases.is_overdue(&lease_id) && self.has_quorum_lease() {
             self.inner.metrics.renew_failures.inc();
             return Err(LockError::LeaseExpired);
         }
