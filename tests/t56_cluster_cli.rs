@@ -143,7 +143,7 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
     assert_eq!(code, 0, "remove: {out} {err}");
     let (code, _, err) = run(&["member", "promote", "4", "--endpoints", &eps]);
     assert_eq!(code, 6, "promoting a voter again is refused: {err}");
-    let s = status_until(&addr4, "node 4 as a healthy voter and no node {victim}", |s| {
+    let s = status_until(&addr4, &format!("node 4 as a healthy voter and no node {victim}"), |s| {
         let ms = s["members"].as_array().unwrap();
         ms.len() == 3 && !ms.iter().any(|m| m["id"] == victim) && member(s, 4)["health"] == "ok"
     })

@@ -64,7 +64,8 @@ async fn windows(args: &[&str], runs: usize) -> (Vec<Duration>, Vec<Duration>) {
         let leader = c.settled(Duration::from_secs(30)).await;
         // Warm: the client knows the leader, as a busy client would.
         client.acquire(AcquireOptions::new(format!("window/warm-{run}"))).await.expect("warm-up acquire");
-        let survivors: Vec<String> = c.ids().into_iter().filter(|n| *n != leader).map(|n| c.addrs[&n].clone()).collect();
+        let survivors: Vec<String> =
+            c.ids().into_iter().filter(|n| *n != leader).map(|n| c.addrs[&n].clone()).collect();
         c.kill9(leader);
         let killed = Instant::now();
         let (l, p) = tokio::join!(through_client(&client, run, killed), probing(survivors, run, killed));

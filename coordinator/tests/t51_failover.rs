@@ -254,3 +254,35 @@ async fn t51_a_lease_is_never_expired_before_ttl_after_its_last_renew_even_acros
     check_all(&h.ops());
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t51_a_slow_new_leader_expires_nothing_before_it_took_over_the_leases() {
+    let c = Cluster::start(3).await;
+    let h = History::new();
+    let ttl = 500u64;
+    let old = c.leader(TIMEOUT).await;
+    let others: Vec<NodeId> = c.ids().into_iter().filter(|n| *n != old).collect();
+    let g = c.acquire(&h, old, "slow/a", "slow-holder-a001", ttl, 0).await.unwrap();
+    c.renew(&h, old, "slow/a", &g.lease_id).await.expect("renew on the old leader");
+    // The leader dies late in the lease, and the survivors talk slowly: by
+    // the time one of them leads, the deadline its follower clock holds has
+    // passed, and confirming its leadership takes a few round trips more.
+    tokio::time::sleep(Duration::from_millis(ttl * 4 / 5)).await;
+    c.delay(others[0], others[1], Duration::from_millis(60));
+    c.delay(others[1], others[0], Duration::from_millis(60));
+    c.crash(old).await;
+    let new = c.leader_among(&others, TIMEOUT).await;
+    eventually("the slow leader took over the leases", TIMEOUT, || async {
+        c.node(new).service().status().leader_ready.then_some(())
+    })
+    .await;
+    c.heal();
+    let view = c.client(new).get_lock(GetLockRequest { resource: "slow/a".into() }).await.unwrap().into_inner();
+    assert!(view.remaining_ttl_ms > ttl, "the lease restarts at ttl + election timeout on takeover: {view:?}");
+    // Well within that, anything proposed before the takeover has landed.
+    tokio::time::sleep(Duration::from_millis(ttl / 2)).await;
+    let view = c.client(new).get_lock(GetLockRequest { resource: "slow/a".into() }).await.unwrap().into_inner();
+    assert!(view.held && view.fencing_token == g.fencing_token, "expired before the new leader took over: {view:?}");
+    check_all(&h.ops());
+    c.shutdown().await;
+}

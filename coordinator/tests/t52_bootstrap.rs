@@ -177,6 +177,7 @@ async fn t52_a_dead_node_is_replaced_add_learner_promote_remove() {
     let mut ids: Vec<NodeId> = members.iter().filter(|m| m.role == "voter").map(|m| m.id).collect();
     ids.sort();
     assert_eq!(ids, voters);
+    assert!(!members.iter().any(|m| m.id == dead), "the removed node is gone, not kept as a learner: {members:?}");
     assert_replicas_agree(&c, &voters, TIMEOUT).await;
 
     // Node 4 counts for the quorum: with the old leader gone too, the two
