@@ -142,6 +142,9 @@ impl Duties {
                     }
                 }
                 _ = tick.tick() => {
+                    // Every node forgets old promotions (all nodes apply them).
+                    // Unclaimed slots only exist on a leader; outside *ready*
+                    // they are dropped here and marked again at the takeover.
                     let unclaimed = self.parked.sweep(keep_promoted);
                     match &mut phase {
                         Phase::Follower => {}

@@ -247,17 +247,16 @@ impl Node {
                     wanted_node: config.node_id,
                 });
             }
-            Some(id) => Some(id),
-            // Rule 3: a pristine single node founds its own cluster.
-            None if single => {
-                let cluster_id = bootstrap::new_cluster_id().map_err(|e| StartError::Config(e.to_string()))?;
-                let id = Identity { cluster_id, node_id: config.node_id, founder: true };
-                let (d, i) = (dir.clone(), id.clone());
-                blocking(move || bootstrap::write_identity(&d, &i)).await.map_err(data_dir_error(&dir))?;
-                Some(id)
-            }
-            None => None,
+            other => other,
         };
+        // A pristine node creates its files before it knows its cluster; a
+        // log with entries or votes but no identity is another matter.
+        if identity.is_none() {
+            let log_file = dir.join(LOG_FILE);
+            if blocking(move || LogStore::holds_raft_data(&log_file)).await.map_err(StartError::Storage)? {
+                return Err(StartError::MissingIdentity(dir));
+            }
+        }
         // Rule 2: greet the peers before listening or touching the stores;
         // refuse a foreign data dir.
         if let Some(id) = &identity
@@ -275,7 +274,6 @@ impl Node {
         let advertise = config.advertise.clone().unwrap_or_else(|| local_addr.to_string());
         let mut peers = config.peers.clone();
         peers.entry(config.node_id).or_insert(advertise);
-        let cluster = Arc::new(ClusterId::new(identity.as_ref().map(|i| i.cluster_id.clone())));
         let metrics = Metrics::new();
         let clock = Clock;
         let leases = Arc::new(LeaseClock::new(clock));
@@ -293,11 +291,19 @@ impl Node {
             .await
             .map_err(StartError::Storage)?
         };
-        // A pristine node creates its files before it knows its cluster; a
-        // log with entries or votes but no identity is another matter.
-        if identity.is_none() && !log.is_pristine() {
-            return Err(StartError::MissingIdentity(dir));
-        }
+        let identity = match identity {
+            Some(id) => Some(id),
+            // Rule 3: a pristine single node founds its own cluster.
+            None if single => {
+                let cluster_id = bootstrap::new_cluster_id().map_err(|e| StartError::Config(e.to_string()))?;
+                let id = Identity { cluster_id, node_id: config.node_id, founder: true };
+                let (d, i) = (dir.clone(), id.clone());
+                blocking(move || bootstrap::write_identity(&d, &i)).await.map_err(data_dir_error(&dir))?;
+                Some(id)
+            }
+            None => None,
+        };
+        let cluster = Arc::new(ClusterId::new(identity.as_ref().map(|i| i.cluster_id.clone())));
         let raft_config = Config {
             cluster_name: "fencer".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,

@@ -133,8 +133,13 @@ async fn t52_a_data_dir_from_another_cluster_is_refused_with_a_clear_error() {
     // Raft data without an identity is not trusted.
     std::fs::remove_file(foreign_dir.join("identity.json")).unwrap();
     let mut anonymous = c.config(2);
-    anonymous.data_dir = foreign_dir;
+    anonymous.data_dir = foreign_dir.clone();
     let err = Node::start(anonymous).await.err().expect("raft data without identity is refused");
+    assert!(matches!(err, StartError::MissingIdentity(_)), "{err}");
+    // Also as a single node, which would otherwise found a cluster of its own.
+    let mut alone = NodeConfig::single(&foreign_dir, "127.0.0.1:0".parse().unwrap());
+    alone.node_id = 2;
+    let err = Node::start(alone).await.err().expect("raft data without identity is refused");
     assert!(matches!(err, StartError::MissingIdentity(_)), "{err}");
 
     // The cluster never saw the impostor; node 2 comes back on its own dir.
