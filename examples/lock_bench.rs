@@ -1,11 +1,14 @@
-//! Acquire→release round trips against one coordinator node, closed loop with
-//! N concurrent clients, for a fixed duration. Prints throughput and latency
-//! percentiles (HDR histogram). The full open-loop benchmark is `fencer bench`.
+//! Acquire→release round trips against a coordinator (one node or a
+//! cluster), closed loop with N concurrent clients, for a fixed duration.
+//! Prints throughput and latency percentiles (HDR histogram). The full
+//! open-loop benchmark is `fencer bench`.
 //!
 //! ```text
-//! cargo run --release --example lock_bench -- [CLIENTS] [SECONDS] [ENDPOINT]
+//! cargo run --release --example lock_bench -- [CLIENTS] [SECONDS] [ENDPOINT[,ENDPOINT…]]
 //! ```
 //! Without ENDPOINT it starts a node in-process on a temporary data dir.
+//! With several endpoints (the nodes of a cluster) each client finds the
+//! leader and follows it, as applications do.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +26,7 @@ async fn main() -> anyhow::Result<()> {
     let seconds: u64 = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(10);
     let dir = tempfile::tempdir()?;
     let (endpoint, node) = match args.get(3) {
-        Some(ep) => (ep.clone(), None),
+        Some(eps) => (eps.clone(), None),
         None => {
             let node = Node::start(NodeConfig::single(dir.path(), "127.0.0.1:0".parse()?)).await?;
             node.wait_for_leader(Duration::from_secs(10)).await.map_err(anyhow::Error::msg)?;
@@ -31,11 +34,12 @@ async fn main() -> anyhow::Result<()> {
             (node.local_addr().to_string(), Some(node))
         }
     };
-    println!("lock_bench: {clients} clients, {seconds} s, endpoint {endpoint}");
+    println!("lock_bench: {clients} clients, {seconds} s, endpoints {endpoint}");
+    let endpoints: Vec<String> = endpoint.split(',').map(str::to_string).collect();
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for c in 0..clients {
-        let client = Arc::new(Client::new([endpoint.clone()])?);
+        let client = Arc::new(Client::new(endpoints.clone())?);
         tasks.push(tokio::spawn(async move {
             let mut rt = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
             let mut acq = rt.clone();

@@ -50,6 +50,8 @@ enum Command {
     List(cmd::lock::ListArgs),
     /// Cluster status: members, leader, term, indexes, health.
     Status(cmd::status::StatusArgs),
+    /// Change the cluster's members: add-learner, promote, remove.
+    Member(cmd::member::MemberArgs),
     /// Free a lock whoever holds it (operator action, audited).
     ForceRelease(cmd::lock::ForceReleaseArgs),
     /// Run a command while holding a lock; stop it if the lock is lost.
@@ -100,6 +102,7 @@ fn main() -> ExitCode {
             Command::Get(args) => cmd::lock::get(args).await,
             Command::List(args) => cmd::lock::list(args).await,
             Command::Status(args) => cmd::status::run(args).await,
+            Command::Member(args) => cmd::member::run(args).await,
             Command::ForceRelease(args) => cmd::lock::force_release(args).await,
             Command::Exec(args) => cmd::exec::run(args).await,
             Command::Completions(args) => cmd::completions::run(args, Cli::command()),

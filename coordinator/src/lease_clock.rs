@@ -5,9 +5,16 @@
 //! every current lease when the node becomes leader (I6). Only the leader acts
 //! on them: the expiry task proposes `Expire` for overdue leases, carrying the
 //! index the deadline counted from so a renewal committed meanwhile wins.
+//!
+//! The deadlines are *authoritative* — a Renew past its deadline is refused
+//! at once — only while this node is a leader that has taken over its
+//! inherited leases. On a follower, on a new leader still applying what it
+//! inherited, or on a leader that lost its quorum, a deadline may be stale,
+//! and the log decides instead.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::clock::{Clock, Instant};
@@ -37,12 +44,19 @@ pub struct Overdue {
 pub struct LeaseClock {
     clock: Clock,
     deadlines: Mutex<HashMap<LeaseId, Deadline>>,
+    authoritative: AtomicBool,
 }
 
 impl LeaseClock {
     /// An empty clock.
     pub fn new(clock: Clock) -> Self {
-        Self { clock, deadlines: Mutex::new(HashMap::new()) }
+        Self { clock, deadlines: Mutex::new(HashMap::new()), authoritative: AtomicBool::new(false) }
+    }
+
+    /// Whether [`is_overdue`](Self::is_overdue) may refuse renewals: only on a
+    /// leader that restarted its inherited leases and has a quorum.
+    pub fn set_authoritative(&self, on: bool) {
+        self.authoritative.store(on, Ordering::SeqCst);
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Deadline>> {
@@ -79,9 +93,15 @@ impl LeaseClock {
         self.map().get(lease_id).map(|d| d.at)
     }
 
-    /// Whether the lease's deadline is known and has passed.
+    /// Whether this node's deadlines are authoritative (a ready leader).
+    pub fn is_authoritative(&self) -> bool {
+        self.authoritative.load(Ordering::SeqCst)
+    }
+
+    /// Whether the lease's deadline is known, has passed, and this node's
+    /// deadlines are authoritative.
     pub fn is_overdue(&self, lease_id: &LeaseId) -> bool {
-        self.deadline(lease_id).is_some_and(|at| at <= self.clock.now())
+        self.authoritative.load(Ordering::SeqCst) && self.deadline(lease_id).is_some_and(|at| at <= self.clock.now())
     }
 
     /// Leases whose deadline has passed, at most `limit` of them.
@@ -115,6 +135,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lease_is_overdue_only_after_its_ttl() {
         let c = LeaseClock::new(Clock);
+        c.set_authoritative(true);
         let r = ResourceName::new("a").unwrap();
         let l = LeaseId::from_u128(1);
         c.started(&r, l, 3_000, 7);
@@ -145,11 +166,15 @@ mod tests {
             },
         );
         let c = LeaseClock::new(Clock);
+        c.set_authoritative(true);
         c.reset_from(&state, Duration::from_millis(1_000));
         tokio::time::advance(Duration::from_millis(3_999)).await;
         assert!(!c.is_overdue(&lease));
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(c.is_overdue(&lease));
         assert_eq!(c.overdue(1)[0].basis_index, 5);
+        // A node that is not a ready leader never refuses a renewal itself.
+        c.set_authoritative(false);
+        assert!(!c.is_overdue(&lease));
     }
 }

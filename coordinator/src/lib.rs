@@ -12,6 +12,10 @@
 //!   command, with a proptest reference model.
 //! - `store` — openraft's log and state-machine storage on redb (group commit).
 //! - `network` — the raft transport over gRPC, with a fault-injection hook.
+//! - `bootstrap` — identity of a data dir, forming and joining a cluster.
+//! - `leadership` — the leader's life cycle: take over inherited leases,
+//!   expire overdue ones, step back on quorum loss.
+//! - `server` — the accept loop of the node's port; owns every connection.
 //! - `lease_clock` — leader-local lease deadlines (the only lease timing).
 //! - `clock` — the only place time is read.
 //! - `waiters` — parked Acquire calls; promotion wakes exactly one.
@@ -45,12 +49,15 @@
 //! ```
 
 mod api;
+mod bootstrap;
 mod clock;
+mod leadership;
 mod lease_clock;
 mod metrics;
 mod network;
 mod node;
 mod policy;
+mod server;
 mod service;
 mod state_machine;
 mod store;
@@ -61,7 +68,7 @@ pub use self::api::{grpc_code, http_status, to_status};
 pub use self::clock::{Clock, Instant};
 pub use self::lease_clock::{LeaseClock, Overdue};
 pub use self::metrics::Metrics;
-pub use self::network::{FaultAction, Faults, NetworkFactory, RaftHandle, RaftService};
+pub use self::network::{FaultAction, Faults, RaftHandle};
 pub use self::node::{MAX_REQUEST_BYTES, Node, NodeConfig, StartError};
 pub use self::policy::Policy;
 pub use self::service::{

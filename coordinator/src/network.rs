@@ -27,6 +27,7 @@ use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::bootstrap::ClusterId;
 use crate::store::{StateMachineStore, decode, encode};
 use crate::types::{NodeId, TypeConfig};
 
@@ -63,16 +64,16 @@ pub trait Faults: Send + Sync + 'static {
 
 /// Builds one [`PeerClient`] per target node.
 #[derive(Clone)]
-pub struct NetworkFactory {
+pub(crate) struct NetworkFactory {
     from: NodeId,
-    cluster_id: Arc<str>,
+    cluster_id: Arc<ClusterId>,
     faults: Option<Arc<dyn Faults>>,
     connect_timeout: Duration,
 }
 
 impl NetworkFactory {
-    /// A factory for node `from` of cluster `cluster_id`.
-    pub fn new(from: NodeId, cluster_id: Arc<str>, faults: Option<Arc<dyn Faults>>) -> Self {
+    /// A factory for node `from` of the cluster `cluster_id` names.
+    pub(crate) fn new(from: NodeId, cluster_id: Arc<ClusterId>, faults: Option<Arc<dyn Faults>>) -> Self {
         Self { from, cluster_id, faults, connect_timeout: Duration::from_millis(500) }
     }
 }
@@ -99,10 +100,10 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 }
 
 /// The connection from this node to one peer.
-pub struct PeerClient {
+pub(crate) struct PeerClient {
     from: NodeId,
     target: NodeId,
-    cluster_id: Arc<str>,
+    cluster_id: Arc<ClusterId>,
     client: Option<RaftClient<Channel>>,
     addr: String,
     faults: Option<Arc<dyn Faults>>,
@@ -132,7 +133,7 @@ impl PeerClient {
 
     fn payload<T: Serialize>(&self, value: &T) -> Result<RaftPayload, RPCError<TypeConfig>> {
         let data = encode(value).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        Ok(RaftPayload { cluster_id: self.cluster_id.to_string(), from: self.from, data })
+        Ok(RaftPayload { cluster_id: self.cluster_id.to_text(), from: self.from, data })
     }
 
     /// Sends one unary RPC with the faults applied and decodes the reply.
@@ -224,7 +225,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         let header =
             encode(&(vote, snapshot.meta.clone())).map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         let data = snapshot.snapshot.into_inner();
-        let (cluster_id, from) = (self.cluster_id.to_string(), self.from);
+        let (cluster_id, from) = (self.cluster_id.to_text(), self.from);
         let mut chunks: Vec<SnapshotChunk> = data
             .chunks(SNAPSHOT_CHUNK)
             .map(|c| SnapshotChunk { cluster_id: cluster_id.clone(), from, header: Vec::new(), data: c.to_vec() })
@@ -251,24 +252,31 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
 }
 
 /// The server side of the raft transport.
-pub struct RaftService {
+pub(crate) struct RaftService {
     raft: RaftHandle,
     node_id: NodeId,
-    cluster_id: Arc<str>,
+    cluster_id: Arc<ClusterId>,
 }
 
 impl RaftService {
-    /// Serves raft messages for `raft`, refusing other clusters' messages.
-    pub fn new(raft: RaftHandle, node_id: NodeId, cluster_id: Arc<str>) -> Self {
+    /// Serves raft messages for `raft`, refusing other clusters' messages
+    /// and every message while this node has not joined a cluster yet.
+    pub(crate) fn new(raft: RaftHandle, node_id: NodeId, cluster_id: Arc<ClusterId>) -> Self {
         Self { raft, node_id, cluster_id }
     }
 
     fn check(&self, cluster_id: &str, from: NodeId) -> Result<(), Status> {
-        if cluster_id != &*self.cluster_id {
-            tracing::warn!(from, theirs = cluster_id, ours = %self.cluster_id, "refusing raft message from another cluster");
+        let Some(ours) = self.cluster_id.get() else {
             return Err(Status::failed_precondition(format!(
-                "node {} belongs to cluster {}, not {cluster_id}",
-                self.node_id, self.cluster_id
+                "node {} has not joined a cluster yet (it greets its peers and adopts their cluster)",
+                self.node_id
+            )));
+        };
+        if cluster_id != &*ours {
+            tracing::error!(from, theirs = cluster_id, %ours, "refusing raft message from another cluster; check --peers and the data dirs");
+            return Err(Status::failed_precondition(format!(
+                "node {} belongs to cluster {ours}, not {cluster_id}",
+                self.node_id
             )));
         }
         Ok(())
@@ -276,7 +284,7 @@ impl RaftService {
 
     fn reply<T: Serialize>(&self, result: Result<T, String>) -> Result<Response<RaftPayload>, Status> {
         let data = encode(&result).map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(RaftPayload { cluster_id: self.cluster_id.to_string(), from: self.node_id, data }))
+        Ok(Response::new(RaftPayload { cluster_id: self.cluster_id.to_text(), from: self.node_id, data }))
     }
 }
 
@@ -330,7 +338,11 @@ impl RaftRpc for RaftService {
     }
 
     async fn hello(&self, request: Request<HelloRequest>) -> Result<Response<HelloResponse>, Status> {
-        let _ = request;
-        Ok(Response::new(HelloResponse { cluster_id: self.cluster_id.to_string(), node_id: self.node_id }))
+        let r = request.into_inner();
+        let ours = self.cluster_id.to_text();
+        if !r.cluster_id.is_empty() && !ours.is_empty() && r.cluster_id != ours {
+            tracing::error!(from = r.from, theirs = %r.cluster_id, %ours, "a node of another cluster greeted this one; check --peers and the data dirs");
+        }
+        Ok(Response::new(HelloResponse { cluster_id: ours, node_id: self.node_id }))
     }
 }

@@ -1,42 +1,44 @@
 //! A coordinator node: its data dir, raft, the stores, the server on its one
-//! port, and the background duties that only the leader performs (expiry,
-//! reclaim grace, dedup pruning). Every task has an owner and a shutdown path.
+//! port, bootstrap (`bootstrap`), and the leader's duties (`leadership`).
+//! Every task has an owner and a shutdown path; [`Node::abort`] stops them
+//! all at once, as a crash would.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fencer_proto::raft::raft_server::RaftServer;
 use fencer_proto::v1::admin_server::AdminServer;
 use fencer_proto::v1::lock_server::LockServer;
 use openraft::rt::watch::WatchReceiver;
-use openraft::{BasicNode, Config, ReadPolicy, SnapshotPolicy};
-use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use openraft::{BasicNode, Config, SnapshotPolicy};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::api::{AdminApi, LockApi, router};
+use crate::bootstrap::{self, ClusterId, Identity, PristineStep};
 use crate::clock::Clock;
+use crate::leadership::{Duties, LeaderEvent, on_stop};
 use crate::lease_clock::LeaseClock;
 use crate::metrics::Metrics;
 use crate::network::{Faults, MAX_RAFT_MESSAGE, NetworkFactory, RaftHandle, RaftService};
 use crate::policy::Policy;
-use crate::service::{LockService, ServiceInner, write_error};
-use crate::state_machine::{Applied, Command, Event, Grant, LockState, LogCommand};
+use crate::service::{LockService, ServiceInner};
+use crate::state_machine::{Applied, Event, Grant, LockState, LogCommand};
 use crate::store::{ApplyObserver, LOG_FILE, LogStore, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
 use crate::types::NodeId;
 use crate::waiters::ParkedCalls;
 
 /// Largest client request accepted on the lock API, in bytes.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
-/// How often the leader looks for overdue leases and unclaimed slots.
-const DUTY_TICK: Duration = Duration::from_millis(100);
-/// How often the leader proposes PruneDedup.
-const PRUNE_EVERY: Duration = Duration::from_secs(60);
-/// Expire proposals in flight at once.
-const MAX_EXPIRE_IN_FLIGHT: usize = 1024;
+/// How long one Hello to a peer may take.
+const HELLO_TIMEOUT: Duration = Duration::from_millis(1_000);
+/// Pause between rounds of Hello while a pristine node looks for its cluster.
+const JOIN_RETRY: Duration = Duration::from_millis(200);
+/// How long a graceful stop lets in-flight calls finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Everything a node needs to start.
 #[derive(Clone)]
@@ -49,7 +51,10 @@ pub struct NodeConfig {
     pub advertise: Option<String>,
     /// Where the log, state and snapshots live.
     pub data_dir: PathBuf,
-    /// Initial voters, this node included. Empty: a single-node cluster.
+    /// The voters the cluster forms with, this node included (`id → host:port`).
+    /// Empty or only this node: a single-node cluster. Used to form the
+    /// cluster and to greet peers at start; once formed, membership lives in
+    /// the raft log (docs/cluster.md, "Bootstrap").
     pub peers: BTreeMap<NodeId, String>,
     /// Leader heartbeat period.
     pub heartbeat: Duration,
@@ -111,7 +116,21 @@ pub enum StartError {
         /// Node id asked for.
         wanted_node: NodeId,
     },
-    /// The data dir holds raft data but no identity file.
+    /// The data dir belongs to another cluster than the peers it was started with.
+    #[error(
+        "data dir {path} belongs to cluster {ours}, but its peers belong to another cluster ({}); \
+         refusing to start. Start this node with its own data dir, or with --peers of its own cluster",
+        evidence.join("; ")
+    )]
+    ForeignCluster {
+        /// The dir.
+        path: PathBuf,
+        /// The cluster id in the dir.
+        ours: String,
+        /// What the peers answered.
+        evidence: Vec<String>,
+    },
+    /// The data dir holds raft data (log entries, a vote) but no identity file.
     #[error("data dir {0} holds raft data but no identity.json; it was not created by fencer or is damaged")]
     MissingIdentity(PathBuf),
     /// The configuration is inconsistent.
@@ -131,38 +150,6 @@ pub enum StartError {
     /// Raft refused to start.
     #[error("raft: {0}")]
     Raft(String),
-}
-
-/// The identity file of a data dir.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-struct Identity {
-    cluster_id: String,
-    node_id: NodeId,
-}
-
-const IDENTITY_FILE: &str = "identity.json";
-
-fn read_identity(dir: &Path) -> Result<Option<Identity>, StartError> {
-    let path = dir.join(IDENTITY_FILE);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| StartError::DataDir {
-            path: path.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(StartError::DataDir { path, source }),
-    }
-}
-
-fn write_identity(dir: &Path, id: &Identity) -> Result<(), StartError> {
-    let path = dir.join(IDENTITY_FILE);
-    let tmp = dir.join("identity.json.tmp");
-    let err = |source| StartError::DataDir { path: path.clone(), source };
-    let bytes = serde_json::to_vec_pretty(id).map_err(|e| err(std::io::Error::other(e)))?;
-    std::fs::write(&tmp, bytes).map_err(err)?;
-    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(err)?;
-    std::fs::rename(&tmp, &path).map_err(err)?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)
 }
 
 /// Connects applied entries to the lease clock, parked calls and metrics.
@@ -220,31 +207,38 @@ pub struct Node {
     sm: StateMachineStore,
     log: LogStore,
     local_addr: SocketAddr,
-    cluster_id: Arc<str>,
+    cluster: Arc<ClusterId>,
     data_dir: PathBuf,
     shutdown_tx: watch::Sender<bool>,
+    server: JoinHandle<()>,
     tasks: Vec<JoinHandle<()>>,
     _leader_watch: openraft::raft::WatchChangeHandle<crate::types::TypeConfig>,
 }
 
+fn data_dir_error(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
+    move |source| StartError::DataDir { path: path.to_path_buf(), source }
+}
+
+/// Runs a blocking file operation off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(std::io::Error::other)?
+}
+
 impl Node {
-    /// Opens the data dir, starts raft and serves on `config.listen`.
+    /// Opens the data dir, starts raft, serves on `config.listen` and joins
+    /// or forms the cluster (module `bootstrap`).
     pub async fn start(config: NodeConfig) -> Result<Node, StartError> {
         let dir = config.data_dir.clone();
-        std::fs::create_dir_all(&dir).map_err(|source| StartError::DataDir { path: dir.clone(), source })?;
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| StartError::Bind { addr: config.listen, source })?;
-        let local_addr = listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
-        let advertise = config.advertise.clone().unwrap_or_else(|| local_addr.to_string());
-        let mut peers = config.peers.clone();
-        if peers.is_empty() {
-            peers.insert(config.node_id, advertise.clone());
-        }
-        if !peers.contains_key(&config.node_id) {
+        std::fs::create_dir_all(&dir).map_err(data_dir_error(&dir))?;
+        if !config.peers.is_empty() && !config.peers.contains_key(&config.node_id) {
             return Err(StartError::Config(format!("--peers does not list this node's id {}", config.node_id)));
         }
-        let identity = match read_identity(&dir)? {
+        let single = config.peers.keys().all(|id| *id == config.node_id);
+        let identity = {
+            let d = dir.clone();
+            blocking(move || bootstrap::read_identity(&d)).await.map_err(data_dir_error(&dir))?
+        };
+        let identity = match identity {
             Some(id) if id.node_id != config.node_id => {
                 return Err(StartError::WrongIdentity {
                     path: dir,
@@ -253,20 +247,33 @@ impl Node {
                     wanted_node: config.node_id,
                 });
             }
-            Some(id) => id,
-            None if dir.join(LOG_FILE).exists() => return Err(StartError::MissingIdentity(dir)),
-            None => {
-                let cluster_id = if peers.len() == 1 {
-                    crate::types::LeaseId::random().map_err(|e| StartError::Config(e.to_string()))?.to_string()
-                } else {
-                    cluster_id_for(&peers)
-                };
-                let id = Identity { cluster_id, node_id: config.node_id };
-                write_identity(&dir, &id)?;
-                id
-            }
+            other => other,
         };
-        let cluster_id: Arc<str> = identity.cluster_id.clone().into();
+        // A pristine node creates its files before it knows its cluster; a
+        // log with entries or votes but no identity is another matter.
+        if identity.is_none() {
+            let log_file = dir.join(LOG_FILE);
+            if blocking(move || LogStore::holds_raft_data(&log_file)).await.map_err(StartError::Storage)? {
+                return Err(StartError::MissingIdentity(dir));
+            }
+        }
+        // Rule 2: greet the peers before listening or touching the stores;
+        // refuse a foreign data dir.
+        if let Some(id) = &identity
+            && !single
+        {
+            let answers = bootstrap::greet_peers(&config.peers, config.node_id, &id.cluster_id, HELLO_TIMEOUT).await;
+            if let Some(evidence) = bootstrap::foreign_evidence(&id.cluster_id, &answers, &config.peers) {
+                return Err(StartError::ForeignCluster { path: dir, ours: id.cluster_id.clone(), evidence });
+            }
+        }
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartError::Bind { addr: config.listen, source })?;
+        let local_addr = listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
+        let advertise = config.advertise.clone().unwrap_or_else(|| local_addr.to_string());
+        let mut peers = config.peers.clone();
+        peers.entry(config.node_id).or_insert(advertise);
         let metrics = Metrics::new();
         let clock = Clock;
         let leases = Arc::new(LeaseClock::new(clock));
@@ -275,16 +282,28 @@ impl Node {
             Arc::new(NodeObserver { leases: leases.clone(), parked: parked.clone(), metrics: metrics.clone() });
         let (log, sm) = {
             let (dir, metrics) = (dir.clone(), metrics.clone());
-            tokio::task::spawn_blocking(move || -> std::io::Result<(LogStore, StateMachineStore)> {
+            blocking(move || -> std::io::Result<(LogStore, StateMachineStore)> {
                 let log = LogStore::open(&dir.join(LOG_FILE), metrics.clone())?;
                 let sm =
                     StateMachineStore::open(&dir.join(STATE_FILE), &dir.join(SNAPSHOT_DIR), observer, metrics, clock)?;
                 Ok((log, sm))
             })
             .await
-            .map_err(|e| StartError::Storage(std::io::Error::other(e)))?
             .map_err(StartError::Storage)?
         };
+        let identity = match identity {
+            Some(id) => Some(id),
+            // Rule 3: a pristine single node founds its own cluster.
+            None if single => {
+                let cluster_id = bootstrap::new_cluster_id().map_err(|e| StartError::Config(e.to_string()))?;
+                let id = Identity { cluster_id, node_id: config.node_id, founder: true };
+                let (d, i) = (dir.clone(), id.clone());
+                blocking(move || bootstrap::write_identity(&d, &i)).await.map_err(data_dir_error(&dir))?;
+                Some(id)
+            }
+            None => None,
+        };
+        let cluster = Arc::new(ClusterId::new(identity.as_ref().map(|i| i.cluster_id.clone())));
         let raft_config = Config {
             cluster_name: "fencer".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,
@@ -299,7 +318,7 @@ impl Node {
         }
         .validate()
         .map_err(|e| StartError::Config(e.to_string()))?;
-        let network = NetworkFactory::new(config.node_id, cluster_id.clone(), config.faults.clone());
+        let network = NetworkFactory::new(config.node_id, cluster.clone(), config.faults.clone());
         let raft = openraft::Raft::new(config.node_id, Arc::new(raft_config), network, log.clone(), sm.clone())
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
@@ -313,96 +332,86 @@ impl Node {
             policy: policy.clone(),
             metrics: metrics.clone(),
             clock,
+            cluster: cluster.clone(),
+            election_timeout: config.election_timeout.1,
         });
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let mut tasks = Vec::new();
 
-        // Serve before initialising so peers and clients can reach us at once.
+        // Serve before bootstrap so peers can greet us and clients reach us at once.
         let mut grpc = tonic::service::Routes::builder();
         grpc.add_service(
             LockServer::new(LockApi { svc: svc.clone(), metrics: metrics.clone() })
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
-            AdminServer::new(AdminApi { svc: svc.clone(), metrics: metrics.clone(), cluster_id: cluster_id.clone() })
+            AdminServer::new(AdminApi { svc: svc.clone(), metrics: metrics.clone() })
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
-            RaftServer::new(RaftService::new(raft.clone(), config.node_id, cluster_id.clone()))
+            RaftServer::new(RaftService::new(raft.clone(), config.node_id, cluster.clone()))
                 .max_decoding_message_size(MAX_RAFT_MESSAGE)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE),
         );
         let app = grpc
             .routes()
             .into_axum_router()
-            .merge(router(svc.clone(), metrics.clone(), cluster_id.clone(), config.election_timeout.1))
+            .merge(router(svc.clone(), metrics.clone(), config.election_timeout.1))
             .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
-        let mut rx = shutdown_rx.clone();
-        tasks.push(tokio::spawn(async move {
-            let stop = async move {
-                let _ = rx.wait_for(|s| *s).await;
-            };
-            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
-                tracing::error!(error = %e, "server stopped");
-            }
-        }));
+        let server = tokio::spawn(crate::server::serve(listener, app, shutdown_rx.clone(), SHUTDOWN_GRACE));
 
-        // Bootstrap a pristine single-node cluster; cluster bootstrap is in `cluster`.
-        let pristine = raft.is_initialized().await.map(|i| !i).unwrap_or(false);
-        if pristine {
-            let members: BTreeMap<NodeId, BasicNode> =
-                peers.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
-            if members.len() == 1 || config.node_id == *peers.keys().next().unwrap_or(&0) {
-                tracing::info!(node = config.node_id, members = ?peers, "initialising a new cluster");
-                if let Err(e) = raft.initialize(members).await {
-                    tracing::warn!(error = %e, "initialise refused (another node may have done it)");
+        let mut tasks = Vec::new();
+        let initialized = raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))?;
+        let members: BTreeMap<NodeId, BasicNode> =
+            peers.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
+        match &identity {
+            Some(id) => {
+                // Rules 3 and 5; rule 6: an initialised node never initialises again.
+                if !initialized && (single || id.founder) {
+                    tracing::info!(node = config.node_id, members = ?peers, cluster = %id.cluster_id, "initialising the cluster");
+                    if let Err(e) = raft.initialize(members).await {
+                        tracing::warn!(error = %e, "initialise refused");
+                    }
+                } else if !initialized {
+                    tracing::info!(cluster = %id.cluster_id, "joined the cluster; waiting for its leader to replicate");
                 }
             }
+            // Rule 4: look for the cluster (or found it) in the background.
+            None => tasks.push(tokio::spawn(join_cluster(
+                JoinCtx {
+                    raft: raft.clone(),
+                    dir: dir.clone(),
+                    me: config.node_id,
+                    peers: peers.clone(),
+                    cluster: cluster.clone(),
+                },
+                shutdown_rx.clone(),
+            ))),
         }
 
-        let ready_leader: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
         let leader_watch = {
-            let (raft_s, sm_s, leases_s, parked_s, ready_s) =
-                (raft.clone(), sm.clone(), leases.clone(), parked.clone(), ready_leader.clone());
-            let (parked_t, ready_t) = (parked.clone(), ready_leader.clone());
-            let extra = config.election_timeout.1;
-            let grace = policy.unclaimed_slot_grace;
+            let (start_tx, stop_tx) = (events_tx.clone(), events_tx);
+            let (leases, parked) = (leases.clone(), parked.clone());
             raft.on_leader_change(
                 move |leader_id| {
-                    let (raft, sm, leases, parked, ready) =
-                        (raft_s.clone(), sm_s.clone(), leases_s.clone(), parked_s.clone(), ready_s.clone());
-                    async move {
-                        tracing::info!(%leader_id, "became leader; restarting inherited leases");
-                        // Apply every inherited entry first, so every inherited
-                        // lease gets ttl + election timeout (I6).
-                        tokio::spawn(async move {
-                            if raft.ensure_linearizable(ReadPolicy::ReadIndex).await.is_err() {
-                                return;
-                            }
-                            let state = sm.read();
-                            leases.reset_from(&state, extra);
-                            parked.leader_started(&state, grace);
-                            drop(state);
-                            *ready.lock().unwrap_or_else(|p| p.into_inner()) = Some(leader_id.term);
-                        });
-                    }
+                    let _ = start_tx.send(LeaderEvent::Started(leader_id));
+                    async {}
                 },
                 move |leader_id| {
-                    let (parked, ready) = (parked_t.clone(), ready_t.clone());
-                    async move {
-                        tracing::info!(%leader_id, "stopped being leader; failing parked calls");
-                        *ready.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                        parked.leader_lost();
-                    }
+                    tracing::debug!(%leader_id, "leadership ended");
+                    // Parked calls must not wait for the duty loop.
+                    on_stop(&leases, &parked);
+                    let _ = stop_tx.send(LeaderEvent::Stopped);
+                    async {}
                 },
             )
         };
-
-        tasks.push(tokio::spawn(leader_duties(svc.clone(), leases, parked, ready_leader, shutdown_rx.clone())));
+        let duties = Duties { svc: svc.clone(), leases, parked, election_timeout: config.election_timeout.1 };
+        tasks.push(tokio::spawn(duties.run(events_rx, shutdown_rx.clone())));
         tasks.push(tokio::spawn(watch_metrics(raft.clone(), metrics.clone(), shutdown_rx.clone())));
 
-        tracing::info!(node = config.node_id, addr = %local_addr, cluster = %cluster_id, data_dir = %dir.display(), "coordinator node started");
+        tracing::info!(node = config.node_id, addr = %local_addr, cluster = %cluster.to_text(), data_dir = %dir.display(), "coordinator node started");
         Ok(Node {
             raft,
             svc,
@@ -410,9 +419,10 @@ impl Node {
             sm,
             log,
             local_addr,
-            cluster_id,
+            cluster,
             data_dir: dir,
             shutdown_tx,
+            server,
             tasks,
             _leader_watch: leader_watch,
         })
@@ -438,14 +448,25 @@ impl Node {
         &self.metrics
     }
 
-    /// The cluster id.
-    pub fn cluster_id(&self) -> &str {
-        &self.cluster_id
+    /// The cluster id; empty while a pristine node is still looking for its cluster.
+    pub fn cluster_id(&self) -> String {
+        self.cluster.to_text()
     }
 
     /// The data dir.
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
+    }
+
+    /// The applied lock state of this node (any role; for diagnostics and
+    /// tests that compare replicas). Hold the guard briefly: apply waits on it.
+    pub fn state(&self) -> std::sync::RwLockReadGuard<'_, LockState> {
+        self.sm.read()
+    }
+
+    /// Index of the last entry applied on this node.
+    pub fn applied_index(&self) -> Option<u64> {
+        self.sm.applied_index()
     }
 
     /// Waits until some node is known as leader.
@@ -466,6 +487,7 @@ impl Node {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE + Duration::from_secs(1), self.server).await;
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }
@@ -477,102 +499,85 @@ impl Node {
         }
         tracing::info!("coordinator node stopped");
     }
-}
 
-/// A multi-node cluster's id: derived from its initial membership so every
-/// node computes the same one before any message is exchanged.
-fn cluster_id_for(peers: &BTreeMap<NodeId, String>) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for (id, addr) in peers {
-        id.hash(&mut h);
-        addr.hash(&mut h);
+    /// Stops at once, as a crash would: every connection is dropped mid-call,
+    /// background tasks are aborted, and nothing is flushed beyond what the
+    /// stores already made durable. For fault-injection tests; a process
+    /// exits the same way on kill -9.
+    pub async fn abort(self) {
+        self.server.abort();
+        for t in &self.tasks {
+            t.abort();
+        }
+        let _ = self.shutdown_tx.send(true);
+        let _ = self.raft.shutdown().await;
+        let _ = self.server.await;
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        tracing::info!("coordinator node aborted");
     }
-    format!("c{:016x}", h.finish())
 }
 
-/// The leader's periodic work: expire overdue leases, cancel queue slots not
-/// reclaimed after a leader change, prune old dedup records.
-async fn leader_duties(
-    svc: LockService,
-    leases: Arc<LeaseClock>,
-    parked: Arc<ParkedCalls>,
-    ready_leader: Arc<Mutex<Option<u64>>>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let clock = Clock;
-    let in_flight: Arc<Mutex<HashSet<crate::types::LeaseId>>> = Arc::new(Mutex::new(HashSet::new()));
-    let mut last_prune = clock.now();
-    let keep_promoted = svc.policy().unclaimed_slot_grace + svc.policy().max_wait;
+struct JoinCtx {
+    raft: RaftHandle,
+    dir: PathBuf,
+    me: NodeId,
+    peers: BTreeMap<NodeId, String>,
+    cluster: Arc<ClusterId>,
+}
+
+/// Rule 4 of `bootstrap`: greet the peers until one names the cluster (adopt
+/// it) or, as the founder, until a majority answered pristine (found it).
+async fn join_cluster(ctx: JoinCtx, mut shutdown: watch::Receiver<bool>) {
+    let mut rounds = 0u64;
     loop {
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            () = tokio::time::sleep(DUTY_TICK) => {}
-        }
-        let unclaimed = parked.sweep(keep_promoted);
-        let Ok(leader) = svc.inner.raft.as_leader() else { continue };
-        let term = leader.leader_id().term;
-        if *ready_leader.lock().unwrap_or_else(|p| p.into_inner()) != Some(term) {
-            continue;
-        }
-        let bound = leader.to_committed_leader_id();
-        for o in leases.overdue(MAX_EXPIRE_IN_FLIGHT) {
-            {
-                let mut set = in_flight.lock().unwrap_or_else(|p| p.into_inner());
-                if set.len() >= MAX_EXPIRE_IN_FLIGHT || !set.insert(o.lease_id) {
-                    continue;
+        let answers = bootstrap::greet_peers(&ctx.peers, ctx.me, "", HELLO_TIMEOUT).await;
+        let step = bootstrap::pristine_step(ctx.me, &ctx.peers, &answers);
+        let identity = match &step {
+            PristineStep::Adopt { cluster_id, via } => {
+                tracing::info!(cluster = %cluster_id, via, "adopting the cluster of a peer");
+                Some(Identity { cluster_id: cluster_id.clone(), node_id: ctx.me, founder: false })
+            }
+            PristineStep::Found => match bootstrap::new_cluster_id() {
+                Ok(cluster_id) => {
+                    tracing::info!(cluster = %cluster_id, members = ?ctx.peers, "founding a new cluster");
+                    Some(Identity { cluster_id, node_id: ctx.me, founder: true })
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "no randomness for a cluster id");
+                    None
+                }
+            },
+            PristineStep::Wait { why } => {
+                if rounds.is_multiple_of(25) {
+                    tracing::info!(%why, "looking for the cluster");
+                }
+                None
+            }
+        };
+        if let Some(id) = identity {
+            let (dir, i) = (ctx.dir.clone(), id.clone());
+            match blocking(move || bootstrap::write_identity(&dir, &i)).await {
+                Err(e) => tracing::error!(error = %e, "cannot write identity.json; will retry"),
+                Ok(()) => {
+                    ctx.cluster.set(&id.cluster_id);
+                    if id.founder {
+                        let members: BTreeMap<NodeId, BasicNode> =
+                            ctx.peers.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
+                        if let Err(e) = ctx.raft.initialize(members).await {
+                            tracing::warn!(error = %e, "initialise refused");
+                        }
+                    }
+                    return;
                 }
             }
-            let (svc, in_flight, bound) = (svc.clone(), in_flight.clone(), bound);
-            tokio::spawn(async move {
-                let cmd =
-                    Command::Expire { resource: o.resource.clone(), lease_id: o.lease_id, basis_index: o.basis_index };
-                match propose_bound(&svc, cmd, bound).await {
-                    Ok(_) => tracing::debug!(resource = %o.resource, lease = %o.lease_id, "expired"),
-                    Err(e) => tracing::debug!(error = %e, "expire not committed; will retry if still leader"),
-                }
-                in_flight.lock().unwrap_or_else(|p| p.into_inner()).remove(&o.lease_id);
-            });
         }
-        for (resource, request_id) in unclaimed {
-            let svc = svc.clone();
-            tokio::spawn(async move {
-                tracing::info!(%resource, %request_id, "queue slot not reclaimed after leader change; cancelling");
-                let cmd = Command::CancelWait { resource, request_id };
-                if let Err(e) = propose_bound(&svc, cmd, bound).await {
-                    tracing::warn!(error = %e, "could not cancel an unclaimed queue slot");
-                }
-            });
+        rounds += 1;
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            () = tokio::time::sleep(JOIN_RETRY) => {}
         }
-        if last_prune.elapsed() >= PRUNE_EVERY {
-            last_prune = clock.now();
-            let older_than_ms = clock.wall_ms().saturating_sub(svc.policy().dedup_retention.as_millis() as u64);
-            let svc = svc.clone();
-            tokio::spawn(async move {
-                if let Err(e) = propose_bound(&svc, Command::PruneDedup { older_than_ms }, bound).await {
-                    tracing::debug!(error = %e, "prune not committed");
-                }
-            });
-        }
-    }
-}
-
-/// Proposes a leader-originated command that only this leader term may
-/// commit: a deposed leader's expiry proposals are refused (DESIGN §3.2).
-async fn propose_bound(
-    svc: &LockService,
-    cmd: Command,
-    leader: openraft::alias::CommittedLeaderIdOf<crate::types::TypeConfig>,
-) -> Result<crate::state_machine::Outcome, crate::service::LockError> {
-    use crate::service::LockError;
-    let entry = LogCommand { at_ms: Clock.wall_ms(), cmd };
-    let (responder, rx) = openraft::impls::ProgressResponder::complete_only();
-    svc.inner.raft.write(entry).with_leader(leader).responder(responder).await.map_err(|_| LockError::ShuttingDown)?;
-    match tokio::time::timeout(svc.policy().write_timeout, rx).await {
-        Err(_) => Err(LockError::Unknown("not committed in time".into())),
-        Ok(Err(_)) => Err(LockError::ShuttingDown),
-        Ok(Ok(Err(e))) => Err(write_error(openraft::errors::RaftError::APIError(e))),
-        Ok(Ok(Ok(resp))) => Ok(resp.data),
     }
 }
 

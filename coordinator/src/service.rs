@@ -197,6 +197,9 @@ pub(crate) struct ServiceInner {
     pub(crate) policy: Policy,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) clock: Clock,
+    pub(crate) cluster: Arc<crate::bootstrap::ClusterId>,
+    /// The longest election timeout: the quorum lease and the health bound.
+    pub(crate) election_timeout: Duration,
 }
 
 /// The lock operations of one node. Cheap to clone.
@@ -241,7 +244,21 @@ impl LockService {
     pub(crate) async fn propose(&self, cmd: Command) -> Result<Outcome, LockError> {
         let entry = LogCommand { at_ms: self.inner.clock.wall_ms(), cmd };
         let started = self.inner.clock.now();
-        match tokio::time::timeout(self.inner.policy.write_timeout, self.inner.raft.client_write(entry)).await {
+        let write = async {
+            match self.inner.raft.client_write(entry.clone()).await {
+                // A leader elected a moment ago has no quorum acknowledgement
+                // yet and refuses proposals until its first heartbeat round
+                // returns. The refusal happened before anything was appended,
+                // so proposing again once a quorum answered is safe.
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
+                    if f.reason == ForwardReason::LeaseExpired && self.await_first_quorum_ack().await =>
+                {
+                    self.inner.raft.client_write(entry).await
+                }
+                other => other,
+            }
+        };
+        match tokio::time::timeout(self.inner.policy.write_timeout, write).await {
             Err(_) => Err(LockError::Unknown(format!(
                 "the write did not commit within {:?}; retry with the same request id",
                 self.inner.policy.write_timeout
@@ -252,6 +269,51 @@ impl LockService {
                 Ok(resp.data)
             }
         }
+    }
+
+    /// Whether a quorum acknowledged this leader within one election timeout
+    /// (always true for a single voter): while it holds, openraft's leader
+    /// lease guarantees no other leader exists.
+    pub(crate) fn has_quorum_lease(&self) -> bool {
+        use openraft::rt::Instant as _;
+        let m = self.inner.raft.metrics();
+        let m = openraft::rt::watch::WatchReceiver::borrow_watched(&m);
+        if m.state != openraft::ServerState::Leader {
+            return false;
+        }
+        m.membership_config.membership().voter_ids().count() <= 1
+            || m.last_quorum_acked.as_ref().is_some_and(|t| t.into_inner().elapsed() < self.inner.election_timeout)
+    }
+
+    /// After a proposal was refused for want of a quorum lease: on a leader
+    /// that has not been acknowledged by a quorum yet in its term (just
+    /// elected), waits at most one election timeout for the first
+    /// acknowledgement, and says whether proposing again makes sense (also
+    /// when the acknowledgement arrived between the refusal and now). A
+    /// leader that had a quorum and lost it says no at once: NO_QUORUM.
+    async fn await_first_quorum_ack(&self) -> bool {
+        use openraft::rt::Instant as _;
+        let lease = self.inner.election_timeout;
+        let valid = |m: &openraft::RaftMetrics<TypeConfig>| {
+            m.last_quorum_acked.as_ref().is_some_and(|t| t.into_inner().elapsed() < lease)
+        };
+        let (leader, acked, valid_now) = {
+            let m = self.inner.raft.metrics();
+            let m = openraft::rt::watch::WatchReceiver::borrow_watched(&m);
+            (m.state == openraft::ServerState::Leader, m.last_quorum_acked.is_some(), valid(&m))
+        };
+        if !leader || valid_now {
+            return leader;
+        }
+        if acked {
+            return false;
+        }
+        self.inner
+            .raft
+            .wait(Some(lease))
+            .metrics(|m| m.state != openraft::ServerState::Leader || valid(m), "first quorum acknowledgement")
+            .await
+            .is_ok_and(|m| m.state == openraft::ServerState::Leader)
     }
 
     /// Proposes in a task of its own, so the write completes (and its outcome
@@ -399,7 +461,10 @@ impl LockService {
         let resource = ResourceName::new(resource)?;
         let lease_id: LeaseId = lease_id.parse()?;
         self.ensure_leader()?;
-        if self.inner.leases.is_overdue(&lease_id) {
+        // The local deadline decides only while a quorum vouches that no
+        // other leader can exist; a deposed or cut-off leader must answer
+        // UNAVAILABLE (through the log: NO_QUORUM), never LEASE_EXPIRED.
+        if self.inner.leases.is_overdue(&lease_id) && self.has_quorum_lease() {
             self.inner.metrics.renew_failures.inc();
             return Err(LockError::LeaseExpired);
         }
@@ -667,13 +732,16 @@ pub struct StatusView {
     pub waiters: u64,
     /// Milliseconds since a quorum last acknowledged this leader (leader only).
     pub millis_since_quorum_ack: Option<u64>,
+    /// This node is a leader that took over its inherited leases and has a
+    /// quorum: it grants, renews and expires (docs/cluster.md, "Failover").
+    pub leader_ready: bool,
     /// fencer version.
     pub version: &'static str,
 }
 
 impl LockService {
     /// This node's view of the cluster (not linearizable: a diagnostic).
-    pub fn status(&self, cluster_id: &str) -> StatusView {
+    pub fn status(&self) -> StatusView {
         use openraft::rt::Instant as _;
         let m = openraft::rt::watch::WatchReceiver::borrow_watched(&self.inner.raft.metrics()).clone();
         let is_leader = m.state == openraft::ServerState::Leader;
@@ -692,7 +760,7 @@ impl LockService {
             } else {
                 match ack {
                     None => "unreachable",
-                    Some(ms) if ms > 3 * 1000 => "unreachable",
+                    Some(ms) if ms > self.inner.election_timeout.as_millis() as i64 => "unreachable",
                     Some(_) if last_log.saturating_sub(matched.unwrap_or(0)) > 10_000 => "lagging",
                     Some(_) => "ok",
                 }
@@ -709,7 +777,7 @@ impl LockService {
         let state = self.inner.sm.read();
         StatusView {
             node_id: m.id,
-            cluster_id: cluster_id.to_string(),
+            cluster_id: self.inner.cluster.to_text(),
             state: match m.state {
                 openraft::ServerState::Leader => "leader",
                 openraft::ServerState::Follower => "follower",
@@ -733,6 +801,7 @@ impl LockService {
             } else {
                 None
             },
+            leader_ready: is_leader && self.inner.leases.is_authoritative(),
             version: env!("CARGO_PKG_VERSION"),
         }
     }

@@ -158,14 +158,19 @@ impl ParkedCalls {
     }
 
     /// This node became leader: every queued request of `state` that has no
-    /// parked call gets `grace` to be reclaimed.
+    /// call parked here gets `grace` to be reclaimed. Calls that parked
+    /// while this leader was still taking over stay parked (a previous
+    /// term's calls were all woken by [`leader_lost`](Self::leader_lost)).
     pub fn leader_started(&self, state: &LockState, grace: Duration) {
         let until = self.clock.after(grace);
         let mut inner = self.inner();
-        inner.slots.clear();
+        inner.slots.retain(|_, slot| !matches!(slot, Slot::Unclaimed { .. }));
         for (name, r) in state.resources() {
             for w in &r.waiters {
-                inner.slots.insert(w.request_id.clone(), Slot::Unclaimed { resource: name.clone(), until });
+                inner
+                    .slots
+                    .entry(w.request_id.clone())
+                    .or_insert_with(|| Slot::Unclaimed { resource: name.clone(), until });
             }
         }
     }
@@ -236,6 +241,37 @@ mod tests {
         assert_eq!(first.rx.await.unwrap(), Wake::Superseded);
         assert!(!p.unpark(&a, first.generation));
         assert!(p.unpark(&a, second.generation));
+    }
+
+    #[tokio::test]
+    async fn a_call_parked_while_the_leader_takes_over_keeps_its_slot() {
+        use crate::state_machine::{Command, LogCommand};
+        use crate::types::{Holder, LeaseId};
+        let mut state = LockState::new();
+        let acquire = |id: &str, lease: u128| LogCommand {
+            at_ms: 0,
+            cmd: Command::Acquire {
+                request_id: RequestId::new(id).unwrap(),
+                resource: ResourceName::new("r").unwrap(),
+                holder: Holder::default(),
+                ttl_ms: 1000,
+                wait: true,
+                lease_id: LeaseId::from_u128(lease),
+                max_waiters: 10,
+            },
+        };
+        state.apply(1, &acquire("holder-1", 1));
+        state.apply(2, &acquire("request-a", 2));
+        state.apply(3, &acquire("request-b", 3));
+        let p = ParkedCalls::new(Clock);
+        let a = RequestId::new("request-a").unwrap();
+        let mut pa = p.park(&a);
+        p.leader_started(&state, Duration::ZERO);
+        assert!(pa.rx.try_recv().is_err(), "the parked call must not be woken");
+        assert!(p.unpark(&a, pa.generation));
+        // Only the slot nobody claimed is swept.
+        let swept = p.sweep(Duration::from_secs(60));
+        assert_eq!(swept, vec![(ResourceName::new("r").unwrap(), RequestId::new("request-b").unwrap())]);
     }
 
     #[tokio::test]

@@ -25,8 +25,12 @@ pub(crate) struct CoordinatorArgs {
     #[arg(long, env = "FENCER_ADVERTISE")]
     advertise: Option<String>,
 
-    /// The initial voters, this node included: `1=host:port,2=host:port,3=host:port`.
-    /// Leave empty for a single-node cluster.
+    /// The voters the cluster forms with, this node included:
+    /// `1=host:port,2=host:port,3=host:port`. Leave empty for a single-node
+    /// cluster. Run the same command on every node: the node with the
+    /// smallest id founds the cluster, the others join it. A node that joins
+    /// an existing cluster lists some of its members and itself. Once
+    /// formed, membership changes only through `fencer member`.
     #[arg(long, env = "FENCER_PEERS", value_delimiter = ',', value_parser = parse_peer)]
     peers: Vec<(u64, String)>,
 
@@ -83,7 +87,17 @@ pub(crate) async fn run(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     config.election_timeout = (args.election_timeout, args.election_timeout * 2);
     config.snapshot_every = args.snapshot_every.max(1_000);
     let node = Node::start(config).await?;
-    eprintln!("fencer coordinator: node {} serving on {} (cluster {})", args.id, node.local_addr(), node.cluster_id());
+    let cluster = node.cluster_id();
+    eprintln!(
+        "fencer coordinator: node {} serving on {} ({})",
+        args.id,
+        node.local_addr(),
+        if cluster.is_empty() {
+            "looking for its cluster among --peers".to_string()
+        } else {
+            format!("cluster {cluster}")
+        }
+    );
     super::shutdown_signal().await;
     node.shutdown().await;
     Ok(ExitCode::SUCCESS)

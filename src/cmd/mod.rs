@@ -5,6 +5,7 @@ pub(crate) mod coordinator;
 pub(crate) mod dev;
 pub(crate) mod exec;
 pub(crate) mod lock;
+pub(crate) mod member;
 pub(crate) mod proxy;
 pub(crate) mod status;
 

@@ -1,12 +1,20 @@
-//! `fencer status`: the cluster as each reachable node sees it.
+//! `fencer status`: the cluster as each of its nodes sees it. Asks the given
+//! endpoints, then every member they name, so one endpoint is enough: the
+//! table shows each member's own state, term, last and commit index, and
+//! the leader's view of its health.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use fencer_client::StatusResponse;
-use serde_json::json;
+use fencer_client::{Client, StatusResponse};
+use serde_json::{Value, json};
 
 use super::lock::{ClientArgs, fail};
 use crate::output::{OutputFormat, print_json, print_table};
+
+/// How long one node may take to answer a status call.
+const NODE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Arguments of `fencer status`.
 #[derive(Debug, clap::Args)]
@@ -15,7 +23,7 @@ pub(crate) struct StatusArgs {
     client: ClientArgs,
 }
 
-fn node_json(s: &StatusResponse) -> serde_json::Value {
+fn node_json(s: &StatusResponse) -> Value {
     json!({
         "node_id": s.node_id,
         "cluster_id": s.cluster_id,
@@ -38,35 +46,90 @@ fn node_json(s: &StatusResponse) -> serde_json::Value {
     })
 }
 
-pub(crate) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let client = args.client.client()?;
-    let mut views = Vec::new();
-    let mut last_err = None;
-    for ep in client.endpoints() {
-        match client.node_status(ep).await {
-            Ok(s) => views.push((ep.clone(), s)),
-            Err(e) => {
-                eprintln!("fencer: {ep}: {e}");
-                last_err = Some(e);
-            }
+/// What every reachable node said, by the address it was asked at, and the
+/// addresses that did not answer.
+struct Views {
+    answered: BTreeMap<String, StatusResponse>,
+    unreachable: BTreeMap<String, String>,
+}
+
+async fn ask(client: &Client, addr: &str, views: &mut Views) {
+    if views.answered.contains_key(addr) || views.unreachable.contains_key(addr) {
+        return;
+    }
+    match client.node_status(addr).await {
+        Ok(s) => {
+            views.answered.insert(addr.to_string(), s);
+        }
+        Err(e) => {
+            views.unreachable.insert(addr.to_string(), e.to_string());
         }
     }
-    // Ask the leader too when the endpoints did not include it.
-    if let Some(leader_addr) = views.iter().find(|(_, s)| s.has_leader).map(|(_, s)| s.leader_addr.clone())
-        && !leader_addr.is_empty()
-        && !views.iter().any(|(ep, _)| *ep == leader_addr)
-        && let Ok(s) = client.node_status(&leader_addr).await
-    {
-        views.push((leader_addr, s));
+}
+
+pub(crate) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let client = args.client.client()?.with_call_timeout(NODE_TIMEOUT);
+    let mut views = Views { answered: BTreeMap::new(), unreachable: BTreeMap::new() };
+    for ep in client.endpoints() {
+        ask(&client, ep, &mut views).await;
     }
-    if views.is_empty() {
-        return Ok(match last_err {
-            Some(e) => fail(args.client.output, &e),
-            None => ExitCode::from(crate::exit::UNAVAILABLE),
-        });
+    // Then every member and the leader any answer names.
+    let named: Vec<String> = views
+        .answered
+        .values()
+        .flat_map(|s| s.members.iter().map(|m| m.addr.clone()).chain(Some(s.leader_addr.clone())))
+        .filter(|a| !a.is_empty())
+        .collect();
+    for addr in named {
+        ask(&client, &addr, &mut views).await;
     }
-    // The leader's view of members is the authoritative one (it has health).
-    let best = views.iter().find(|(_, s)| s.state == "leader").unwrap_or(&views[0]).1.clone();
+    if views.answered.is_empty() {
+        for (addr, e) in &views.unreachable {
+            eprintln!("fencer: {addr}: {e}");
+        }
+        let e = fencer_client::ClientError::Unavailable {
+            reason: None,
+            message: "no node answered".into(),
+            metadata: Default::default(),
+        };
+        return Ok(fail(args.client.output, &e));
+    }
+    // The leader's view is authoritative for membership and health; without
+    // a leader, the view of the highest term.
+    let best = views
+        .answered
+        .values()
+        .filter(|s| s.state == "leader")
+        .max_by_key(|s| s.term)
+        .or_else(|| views.answered.values().max_by_key(|s| s.term))
+        .cloned()
+        .expect("at least one view");
+    let own = |id: u64| views.answered.values().find(|s| s.node_id == id);
+    let members: Vec<Value> = best
+        .members
+        .iter()
+        .map(|m| {
+            let mut v = json!({
+                "id": m.id, "addr": m.addr, "role": m.role, "health": m.health,
+                "matched_index": m.matched_index, "last_ack_ms": m.last_ack_ms,
+            });
+            match own(m.id) {
+                Some(s) => {
+                    v["reachable"] = json!(true);
+                    v["state"] = json!(s.state);
+                    v["term"] = json!(s.term);
+                    v["last_log_index"] = json!(s.last_log_index);
+                    v["commit_index"] = json!(s.commit_index);
+                    v["applied_index"] = json!(s.applied_index);
+                }
+                None => {
+                    v["reachable"] = json!(false);
+                    v["state"] = json!("unreachable");
+                }
+            }
+            v
+        })
+        .collect();
     match args.client.output {
         OutputFormat::Json => print_json(&json!({
             "cluster_id": best.cluster_id,
@@ -75,13 +138,14 @@ pub(crate) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             "term": best.term,
             "last_log_index": best.last_log_index,
             "commit_index": best.commit_index,
-            "members": node_json(&best)["members"],
-            "nodes": views.iter().map(|(ep, s)| json!({"endpoint": ep, "status": node_json(s)})).collect::<Vec<_>>(),
+            "members": members,
+            "nodes": views.answered.iter().map(|(ep, s)| json!({"endpoint": ep, "status": node_json(s)})).collect::<Vec<_>>(),
+            "unreachable": views.unreachable.keys().collect::<Vec<_>>(),
         }))?,
         OutputFormat::Table => {
             println!(
                 "cluster {}  leader {}  term {}  last index {}  commit index {}  locks {}  waiters {}",
-                best.cluster_id,
+                if best.cluster_id.is_empty() { "(forming)" } else { &best.cluster_id },
                 if best.has_leader { format!("{} ({})", best.leader_id, best.leader_addr) } else { "none".into() },
                 best.term,
                 best.last_log_index,
@@ -89,24 +153,32 @@ pub(crate) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                 best.locks_held,
                 best.waiters,
             );
-            let rows: Vec<Vec<String>> = best
-                .members
+            let cell = |v: &Value, k: &str| match &v[k] {
+                Value::Null => "-".to_string(),
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let rows: Vec<Vec<String>> = members
                 .iter()
                 .map(|m| {
-                    let state =
-                        views.iter().find(|(_, s)| s.node_id == m.id).map_or("?".to_string(), |(_, s)| s.state.clone());
+                    let ack = m["last_ack_ms"].as_i64().unwrap_or(-1);
                     vec![
-                        m.id.to_string(),
-                        m.addr.clone(),
-                        m.role.clone(),
-                        state,
-                        m.health.clone(),
-                        m.matched_index.to_string(),
-                        if m.last_ack_ms < 0 { "-".into() } else { format!("{}ms", m.last_ack_ms) },
+                        cell(m, "id"),
+                        cell(m, "addr"),
+                        cell(m, "role"),
+                        cell(m, "state"),
+                        cell(m, "term"),
+                        cell(m, "last_log_index"),
+                        cell(m, "commit_index"),
+                        cell(m, "health"),
+                        if ack < 0 { "-".into() } else { format!("{ack}ms") },
                     ]
                 })
                 .collect();
-            print_table(&["NODE", "ADDRESS", "ROLE", "STATE", "HEALTH", "MATCHED", "LAST ACK"], &rows);
+            print_table(&["NODE", "ADDRESS", "ROLE", "STATE", "TERM", "LAST", "COMMIT", "HEALTH", "LAST ACK"], &rows);
+            for (addr, e) in &views.unreachable {
+                eprintln!("fencer: {addr} did not answer: {e}");
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -114,7 +114,6 @@ impl Lock for LockApi {
 pub(crate) struct AdminApi {
     pub(crate) svc: LockService,
     pub(crate) metrics: Arc<Metrics>,
-    pub(crate) cluster_id: Arc<str>,
 }
 
 pub(crate) fn status_to_proto(s: StatusView) -> StatusResponse {
@@ -151,14 +150,14 @@ pub(crate) fn status_to_proto(s: StatusView) -> StatusResponse {
 
 impl AdminApi {
     fn members(&self) -> Vec<NodeStatus> {
-        status_to_proto(self.svc.status(&self.cluster_id)).members
+        status_to_proto(self.svc.status()).members
     }
 }
 
 #[tonic::async_trait]
 impl Admin for AdminApi {
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
-        Ok(Response::new(status_to_proto(self.svc.status(&self.cluster_id))))
+        Ok(Response::new(status_to_proto(self.svc.status())))
     }
 
     async fn force_release(

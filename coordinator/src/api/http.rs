@@ -35,17 +35,11 @@ use crate::service::{self, LockError, LockService, LockView};
 struct HttpState {
     svc: LockService,
     metrics: Arc<Metrics>,
-    cluster_id: Arc<str>,
     election_timeout: Duration,
 }
 
 /// The JSON, metrics and health routes.
-pub(crate) fn router(
-    svc: LockService,
-    metrics: Arc<Metrics>,
-    cluster_id: Arc<str>,
-    election_timeout: Duration,
-) -> Router {
+pub(crate) fn router(svc: LockService, metrics: Arc<Metrics>, election_timeout: Duration) -> Router {
     Router::new()
         .route("/v1/acquire", post(acquire))
         .route("/v1/renew", post(renew))
@@ -57,7 +51,7 @@ pub(crate) fn router(
         .route("/metrics", get(metrics_text))
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .with_state(HttpState { svc, metrics, cluster_id, election_timeout })
+        .with_state(HttpState { svc, metrics, election_timeout })
 }
 
 fn error_response(e: &LockError) -> Response {
@@ -175,7 +169,7 @@ async fn list(State(s): State<HttpState>, Query(q): Query<ListQuery>) -> Respons
 }
 
 async fn status(State(s): State<HttpState>) -> Response {
-    Json(s.svc.status(&s.cluster_id)).into_response()
+    Json(s.svc.status()).into_response()
 }
 
 #[derive(Deserialize)]
@@ -206,7 +200,7 @@ async fn metrics_text(State(s): State<HttpState>) -> Response {
 /// Ready = a leader is known and, on the leader, a quorum acknowledged it
 /// within one election timeout.
 async fn readyz(State(s): State<HttpState>) -> Response {
-    let st = s.svc.status(&s.cluster_id);
+    let st = s.svc.status();
     let limit = s.election_timeout.as_millis() as u64;
     let voters = st.members.iter().filter(|m| m.role == "voter").count();
     let (ready, why) = match (st.leader_id, st.state) {

@@ -96,26 +96,7 @@ impl LogStore {
     pub fn open(path: &Path, metrics: Arc<Metrics>) -> io::Result<Self> {
         let db = Database::create(path).map_err(|e| io_err(&format!("open raft log {}", path.display()), e))?;
         let db = Arc::new(db);
-        let (vote, committed, last_purged, last_log_id) = {
-            let w = db.begin_write().map_err(|e| io_err("begin", e))?;
-            w.open_table(LOG).map_err(|e| io_err("open log table", e))?;
-            w.open_table(META).map_err(|e| io_err("open meta table", e))?;
-            w.commit().map_err(|e| io_err("commit", e))?;
-            let r = db.begin_read().map_err(|e| io_err("begin read", e))?;
-            let meta = r.open_table(META).map_err(|e| io_err("open meta table", e))?;
-            let get = |k: &str| -> io::Result<Option<Vec<u8>>> {
-                Ok(meta.get(k).map_err(|e| io_err("read meta", e))?.map(|v| v.value().to_vec()))
-            };
-            let vote: Option<Vote> = get(KEY_VOTE)?.map(|b| decode(&b, "vote")).transpose()?;
-            let committed: Option<LogIdT> = get(KEY_COMMITTED)?.map(|b| decode(&b, "committed")).transpose()?;
-            let last_purged: Option<LogIdT> = get(KEY_PURGED)?.map(|b| decode(&b, "last purged")).transpose()?;
-            let log = r.open_table(LOG).map_err(|e| io_err("open log table", e))?;
-            let last = match log.last().map_err(|e| io_err("read log", e))? {
-                Some((_, v)) => Some(decode::<Entry>(v.value(), "log entry")?.log_id()),
-                None => None,
-            };
-            (vote, committed, last_purged, last.or(last_purged))
-        };
+        let (vote, committed, last_purged, last_log_id) = read_saved(&db)?;
         let flushed_upto = last_log_id.as_ref().map(|l| l.index);
         let shared = Arc::new(Shared {
             db,
@@ -129,6 +110,20 @@ impl LogStore {
             .spawn(move || flusher_loop(flusher, rx))
             .map_err(|e| io_err("spawn log flusher", e))?;
         Ok(Self { shared, tx })
+    }
+
+    /// Whether the log file at `path` holds raft data: an entry, a purged
+    /// id or a vote beyond term 0 (a pristine node's log holds none until it
+    /// joins a cluster). Opens and closes the file without starting a
+    /// flusher, so the file is free again on return. Blocking.
+    pub fn holds_raft_data(path: &Path) -> io::Result<bool> {
+        use openraft::vote::RaftLeaderId;
+        if !path.exists() {
+            return Ok(false);
+        }
+        let db = Database::create(path).map_err(|e| io_err(&format!("open raft log {}", path.display()), e))?;
+        let (vote, _, last_purged, last_log_id) = read_saved(&db)?;
+        Ok(last_log_id.is_some() || last_purged.is_some() || vote.is_some_and(|v| v.leader_id.term() > 0))
     }
 
     /// The committed log id saved by raft, read at open (for status and recovery).
@@ -146,6 +141,30 @@ impl LogStore {
         self.send(Op::Sync { done })?;
         rx.await.map_err(|_| io::Error::other("the raft log flusher has stopped"))?
     }
+}
+
+/// What a log file holds: vote, committed id, last purged id, last log id.
+type Saved = (Option<Vote>, Option<LogIdT>, Option<LogIdT>, Option<LogIdT>);
+
+fn read_saved(db: &Database) -> io::Result<Saved> {
+    let w = db.begin_write().map_err(|e| io_err("begin", e))?;
+    w.open_table(LOG).map_err(|e| io_err("open log table", e))?;
+    w.open_table(META).map_err(|e| io_err("open meta table", e))?;
+    w.commit().map_err(|e| io_err("commit", e))?;
+    let r = db.begin_read().map_err(|e| io_err("begin read", e))?;
+    let meta = r.open_table(META).map_err(|e| io_err("open meta table", e))?;
+    let get = |k: &str| -> io::Result<Option<Vec<u8>>> {
+        Ok(meta.get(k).map_err(|e| io_err("read meta", e))?.map(|v| v.value().to_vec()))
+    };
+    let vote: Option<Vote> = get(KEY_VOTE)?.map(|b| decode(&b, "vote")).transpose()?;
+    let committed: Option<LogIdT> = get(KEY_COMMITTED)?.map(|b| decode(&b, "committed")).transpose()?;
+    let last_purged: Option<LogIdT> = get(KEY_PURGED)?.map(|b| decode(&b, "last purged")).transpose()?;
+    let log = r.open_table(LOG).map_err(|e| io_err("open log table", e))?;
+    let last = match log.last().map_err(|e| io_err("read log", e))? {
+        Some((_, v)) => Some(decode::<Entry>(v.value(), "log entry")?.log_id()),
+        None => None,
+    };
+    Ok((vote, committed, last_purged, last.or(last_purged)))
 }
 
 fn flusher_loop(shared: Arc<Shared>, rx: std_mpsc::Receiver<Op>) {

@@ -29,7 +29,7 @@ pub async fn start_with(config: NodeConfig) -> Node {
     node.wait_for_leader(Duration::from_secs(10)).await.expect("leader elected");
     // The leader is ready once its inherited state is applied.
     for _ in 0..200 {
-        if node.service().status(node.cluster_id()).state == "leader" {
+        if node.service().status().state == "leader" {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

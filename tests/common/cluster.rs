@@ -1,0 +1,248 @@
+//! The process-level cluster harness: real `fencer coordinator` processes,
+//! each on its own loopback address (127.0.0.x — every one of them is
+//! loopback on Linux) and data dir, driven by PID: [`ProcCluster::kill9`],
+//! [`ProcCluster::restart`], [`ProcCluster::pause`] (SIGSTOP) and
+//! [`ProcCluster::resume`] (SIGCONT). Never pkill or killall.
+//!
+//! Include it next to `common`: `#[path = "common/cluster.rs"] mod cluster;`.
+//! It shares the history and the invariant checkers of the in-process
+//! harness (`coordinator/tests/harness`).
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+use super::common::{Proc, signal, spawn};
+
+#[path = "../../coordinator/tests/harness/history.rs"]
+pub mod history;
+#[path = "../../coordinator/tests/harness/invariants/mod.rs"]
+pub mod invariants;
+
+/// Heartbeat of test clusters (`--heartbeat`).
+pub const HEARTBEAT: &str = "50ms";
+/// Shortest election timeout (`--election-timeout`); the longest is twice it.
+pub const ELECTION_MIN: &str = "150ms";
+/// The longest election timeout: also the quorum lease.
+pub const ELECTION_MAX: Duration = Duration::from_millis(300);
+
+/// A cluster of `fencer coordinator` processes.
+pub struct ProcCluster {
+    pub dir: tempfile::TempDir,
+    pub addrs: BTreeMap<u64, String>,
+    procs: BTreeMap<u64, Option<Proc>>,
+    args: Vec<String>,
+    starts: u32,
+}
+
+/// A free port on `ip` (bound, then released).
+fn free_port_on(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap().port()
+}
+
+impl ProcCluster {
+    /// Starts `n` nodes with the fast test timings and waits until they
+    /// settled on a leader.
+    pub async fn start(n: u64) -> Self {
+        Self::start_with(n, &["--heartbeat", HEARTBEAT, "--election-timeout", ELECTION_MIN]).await
+    }
+
+    /// Starts `n` nodes with extra `fencer coordinator` arguments.
+    pub async fn start_with(n: u64, args: &[&str]) -> Self {
+        // Spread clusters over 127.0.0.0/8 so parallel test binaries rarely meet.
+        let base = 20 + (std::process::id() % 200) as u64;
+        let addrs: BTreeMap<u64, String> = (1..=n)
+            .map(|id| {
+                let ip = format!("127.0.{}.{}", (base + id) / 250, (base + id) % 250 + 2);
+                (id, format!("{ip}:{}", free_port_on(&ip)))
+            })
+            .collect();
+        let mut c = Self {
+            dir: tempfile::tempdir().unwrap(),
+            addrs,
+            procs: BTreeMap::new(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            starts: 0,
+        };
+        for id in c.ids() {
+            c.procs.insert(id, None);
+            c.restart(id);
+        }
+        c.settled(Duration::from_secs(20)).await;
+        c
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.addrs.keys().copied().collect()
+    }
+
+    pub fn peers(&self) -> String {
+        self.addrs.iter().map(|(id, a)| format!("{id}={a}")).collect::<Vec<_>>().join(",")
+    }
+
+    /// Every node's address, comma-separated (for `--endpoints`).
+    pub fn endpoints(&self) -> String {
+        self.addrs.values().cloned().collect::<Vec<_>>().join(",")
+    }
+
+    pub fn data_dir(&self, n: u64) -> PathBuf {
+        self.dir.path().join(format!("n{n}"))
+    }
+
+    pub fn pid(&self, n: u64) -> i32 {
+        self.procs[&n].as_ref().expect("node runs").pid()
+    }
+
+    /// The `fencer coordinator` arguments of node `n` with `data_dir`.
+    pub fn coordinator_args(&self, n: u64, data_dir: &std::path::Path) -> Vec<String> {
+        let mut a = vec![
+            "coordinator".to_string(),
+            "--id".into(),
+            n.to_string(),
+            "--listen".into(),
+            self.addrs[&n].clone(),
+            "--peers".into(),
+            self.peers(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+        ];
+        a.extend(self.args.iter().cloned());
+        a
+    }
+
+    /// Starts node `n` (again) on its data dir; does not wait.
+    pub fn restart(&mut self, n: u64) {
+        assert!(self.procs[&n].is_none(), "node {n} is running");
+        self.starts += 1;
+        let args = self.coordinator_args(n, &self.data_dir(n));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let log = self.dir.path().join(format!("n{n}-{}.log", self.starts));
+        self.procs.insert(n, Some(spawn(&args, &log)));
+    }
+
+    /// kill -9, by PID.
+    pub fn kill9(&mut self, n: u64) {
+        if let Some(mut p) = self.procs.get_mut(&n).and_then(Option::take) {
+            p.kill9();
+        }
+    }
+
+    /// SIGSTOP, by PID: the process keeps its sockets but runs no code.
+    pub fn pause(&self, n: u64) {
+        signal(self.pid(n), "STOP");
+    }
+
+    /// SIGCONT, by PID.
+    pub fn resume(&self, n: u64) {
+        signal(self.pid(n), "CONT");
+    }
+
+    pub fn running(&self) -> Vec<u64> {
+        self.procs.iter().filter(|(_, p)| p.is_some()).map(|(id, _)| *id).collect()
+    }
+
+    /// The logs of every start of node `n`.
+    pub fn logs(&self, n: u64) -> String {
+        let mut out = String::new();
+        for i in 1..=self.starts {
+            let path = self.dir.path().join(format!("n{n}-{i}.log"));
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                out.push_str(&format!("--- {}\n{text}", path.display()));
+            }
+        }
+        out
+    }
+
+    /// `GET /v1/status` of node `n` (JSON), if it answers within 1 s.
+    pub async fn status(&self, n: u64) -> Option<Value> {
+        let (code, body) = http_get(&self.addrs[&n], "/v1/status", Duration::from_secs(1)).await?;
+        (code == 200).then(|| serde_json::from_str(&body).ok()).flatten()
+    }
+
+    /// `GET /readyz` status code of node `n`.
+    pub async fn readyz(&self, n: u64) -> Option<u16> {
+        http_get(&self.addrs[&n], "/readyz", Duration::from_secs(1)).await.map(|r| r.0)
+    }
+
+    /// The leader among `ids`: the node in the highest term that calls
+    /// itself leader and that another of `ids` follows.
+    pub async fn leader_among(&self, ids: &[u64], timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut views = BTreeMap::new();
+            for id in ids {
+                if let Some(s) = self.status(*id).await {
+                    views.insert(*id, s);
+                }
+            }
+            let best = views
+                .iter()
+                .filter(|(id, s)| {
+                    s["state"] == "leader"
+                        && views.iter().any(|(o, v)| o != *id && v["leader_id"].as_u64() == Some(**id))
+                })
+                .max_by_key(|(_, s)| s["term"].as_u64());
+            if let Some((id, _)) = best {
+                return *id;
+            }
+            assert!(Instant::now() < deadline, "no leader among {ids:?} within {timeout:?}; views: {views:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until every running node follows one leader that took over
+    /// its leases; returns the leader.
+    pub async fn settled(&self, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let running = self.running();
+            let mut views = Vec::new();
+            for id in &running {
+                views.push((*id, self.status(*id).await));
+            }
+            let leader = views.iter().find_map(|(id, s)| {
+                s.as_ref().filter(|s| s["state"] == "leader" && s["leader_ready"] == true).map(|_| *id)
+            });
+            if let Some(l) = leader
+                && views.iter().all(|(_, s)| s.as_ref().is_some_and(|s| s["leader_id"].as_u64() == Some(l)))
+            {
+                return l;
+            }
+            if Instant::now() > deadline {
+                let logs: String = running.iter().map(|n| self.logs(*n)).collect();
+                panic!("the cluster did not settle within {timeout:?}; views: {views:?}\n{logs}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for ProcCluster {
+    fn drop(&mut self) {
+        // A stopped process dies of SIGKILL too; Proc's own drop kills by PID.
+        for id in self.ids() {
+            self.kill9(id);
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 GET: (status, body).
+pub async fn http_get(addr: &str, path: &str, timeout: Duration) -> Option<(u16, String)> {
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let code = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+        Some((code, body))
+    };
+    tokio::time::timeout(timeout, fetch).await.ok().flatten()
+}
