@@ -27,7 +27,7 @@ pub async fn start_on(dir: &Path, listen: SocketAddr) -> Node {
     let node = Node::start(config).await.expect("node starts");
     node.wait_for_leader(Duration::from_secs(10)).await.expect("leader elected");
     for _ in 0..200 {
-        if node.service().status(node.cluster_id()).state == "leader" {
+        if node.service().status().state == "leader" {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
