@@ -14,7 +14,7 @@ use std::time::Duration;
 use cluster::history::{Answer, Call, History, Op};
 use cluster::invariants::check_all;
 use cluster::{ELECTION_MAX, ProcCluster};
-use fencer_client::{AcquireOptions, Client, ClientError};
+use fencer_client::{Client, ClientError};
 use fencer_proto::v1::lock_client::LockClient;
 use fencer_proto::v1::{AcquireRequest, RenewRequest};
 use tokio::time::Instant;
@@ -87,17 +87,24 @@ async fn renew_direct(h: &History, mut c: LockClient<Channel>, who: &str, resour
 async fn acquire_following(h: &History, c: &Client, who: &str, resource: &str, rid: &str, wait: Duration) -> Answer {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let opts = AcquireOptions {
-            resource: resource.into(),
-            ttl: Some(Duration::from_millis(TTL)),
-            wait,
-            holder: who.into(),
-            request_id: Some(rid.into()),
-        };
         let sent = h.now();
-        let answer = match c.acquire(opts).await {
-            Ok(g) => Answer::Granted { lease_id: g.lease_id, token: g.fencing_token, ttl_ms: g.ttl_ms },
-            Err(e) => client_answer(&e),
+        // One routed attempt per loop turn: this test records each resend itself.
+        let attempt = c
+            .acquire(resource)
+            .ttl(Duration::from_millis(TTL))
+            .wait(wait)
+            .holder(who)
+            .request_id(rid)
+            .retry_budget(Duration::ZERO)
+            .grant()
+            .await;
+        let answer = match attempt {
+            Ok(g) => Answer::Granted {
+                lease_id: g.lease_id.as_str().to_string(),
+                token: g.token.get(),
+                ttl_ms: g.ttl.as_millis() as u64,
+            },
+            Err(e) => client_answer(e.client_error()),
         };
         let call = Call::Acquire { resource: resource.into(), request_id: rid.into(), ttl_ms: TTL };
         h.record(Op { client: who.into(), call, sent, answered: h.now(), answer: answer.clone() });

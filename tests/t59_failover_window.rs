@@ -17,7 +17,7 @@ mod common;
 use std::time::Duration;
 
 use cluster::ProcCluster;
-use fencer_client::{AcquireOptions, Client};
+use fencer_client::Client;
 use fencer_proto::v1::AcquireRequest;
 use fencer_proto::v1::lock_client::LockClient;
 use tokio::time::Instant;
@@ -26,7 +26,7 @@ use tonic::transport::Endpoint;
 /// Until the first grant through the client library.
 async fn through_client(client: &Client, run: usize, killed: Instant) -> Duration {
     for i in 0.. {
-        if client.acquire(AcquireOptions::new(format!("window/client-{run}-{i}"))).await.is_ok() {
+        if client.acquire(format!("window/client-{run}-{i}")).grant().await.is_ok() {
             break;
         }
         assert!(killed.elapsed() < Duration::from_secs(60), "no acquire succeeded within a minute");
@@ -63,7 +63,7 @@ async fn windows(args: &[&str], runs: usize) -> (Vec<Duration>, Vec<Duration>) {
     for run in 0..runs {
         let leader = c.settled(Duration::from_secs(30)).await;
         // Warm: the client knows the leader, as a busy client would.
-        client.acquire(AcquireOptions::new(format!("window/warm-{run}"))).await.expect("warm-up acquire");
+        client.acquire(format!("window/warm-{run}")).grant().await.expect("warm-up acquire");
         let survivors: Vec<String> =
             c.ids().into_iter().filter(|n| *n != leader).map(|n| c.addrs[&n].clone()).collect();
         c.kill9(leader);
