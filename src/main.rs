@@ -58,6 +58,8 @@ enum Command {
     Rejections(cmd::proxy::RejectionsArgs),
     /// Show the proxy's per-resource state.
     ProxyStatus(cmd::proxy::ProxyStatusArgs),
+    /// Benchmark: the seed workload, open loop, on a local 3-node cluster (docs/performance.md).
+    Bench(Box<cmd::bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +86,7 @@ fn main() -> ExitCode {
             Command::Proxy(args) => cmd::proxy::run_proxy(args).await,
             Command::Rejections(args) => cmd::proxy::run_rejections(args).await,
             Command::ProxyStatus(args) => cmd::proxy::run_proxy_status(args).await,
+            Command::Bench(args) => cmd::bench::run(*args).await,
         }
     });
     match result {
