@@ -31,7 +31,7 @@ pub(crate) enum LeaseToken {
 pub(crate) struct OpError {
     /// `LOCK_HELD`, `UNAVAILABLE/NOT_LEADER`, `TIMEOUT`, `SHED`, …
     pub(crate) kind: String,
-    #[allow(dead_code, reason = "kept for debugging output")]
+    /// The error's own words (the report keeps one per kind).
     pub(crate) message: String,
     /// The server said the lease is gone (renew): stop renewing it.
     pub(crate) lost_lease: bool,
@@ -60,6 +60,26 @@ pub(crate) enum Driver {
     Etcd(peers::EtcdDriver),
     #[cfg(feature = "bench-peers")]
     Redis(peers::RedisDriver),
+    /// Answers after a delay, or after a test opens its gate (tests only).
+    #[cfg(test)]
+    Fake(FakeDriver),
+}
+
+/// A system that takes `delay` per operation and can be stalled by holding
+/// `gate` for writing.
+#[cfg(test)]
+pub(crate) struct FakeDriver {
+    pub(crate) delay: Duration,
+    pub(crate) gate: tokio::sync::RwLock<()>,
+}
+
+#[cfg(test)]
+impl FakeDriver {
+    async fn op(&self) -> Result<(), OpError> {
+        drop(self.gate.read().await);
+        tokio::time::sleep(self.delay).await;
+        Ok(())
+    }
 }
 
 impl Driver {
@@ -70,6 +90,8 @@ impl Driver {
             Driver::Etcd(d) => d.acquire(resource, ttl).await,
             #[cfg(feature = "bench-peers")]
             Driver::Redis(d) => d.acquire(resource, ttl).await,
+            #[cfg(test)]
+            Driver::Fake(d) => d.op().await.map(|()| LeaseToken::Fencer("fake".into())),
         }
     }
 
@@ -81,6 +103,8 @@ impl Driver {
             (Driver::Etcd(d), LeaseToken::Etcd(id)) => d.renew(*id).await,
             #[cfg(feature = "bench-peers")]
             (Driver::Redis(d), LeaseToken::Redis(token)) => d.renew(resource, *token, ttl).await,
+            #[cfg(test)]
+            (Driver::Fake(d), _) => d.op().await,
             #[cfg(feature = "bench-peers")]
             _ => Err(OpError::local("WRONG_LEASE_KIND")),
         }
@@ -93,6 +117,8 @@ impl Driver {
             (Driver::Etcd(d), LeaseToken::Etcd(id)) => d.release(*id).await,
             #[cfg(feature = "bench-peers")]
             (Driver::Redis(d), LeaseToken::Redis(token)) => d.release(resource, *token).await,
+            #[cfg(test)]
+            (Driver::Fake(d), _) => d.op().await,
             #[cfg(feature = "bench-peers")]
             _ => Err(OpError::local("WRONG_LEASE_KIND")),
         }

@@ -91,7 +91,7 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     release_rate: Option<f64>,
 
-    /// Acquires per second while filling the active set (default: twice --acquire-rate).
+    /// Acquires per second while filling the active set (default: --acquire-rate).
     #[arg(long)]
     fill_rate: Option<f64>,
 
@@ -296,7 +296,7 @@ fn plan(args: &BenchArgs) -> anyhow::Result<Plan> {
 fn workload_config(args: &BenchArgs, scale: f64) -> anyhow::Result<WorkloadConfig> {
     let s = args.scale * scale;
     let release = args.release_rate.unwrap_or(args.acquire_rate);
-    let fill = args.fill_rate.unwrap_or(2.0 * args.acquire_rate);
+    let fill = args.fill_rate.unwrap_or(args.acquire_rate);
     let cfg = WorkloadConfig {
         resources: ((f64::from(args.resources) * s).round() as u32).max(1),
         active: ((f64::from(args.active) * s).round() as u32).max(1),

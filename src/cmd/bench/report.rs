@@ -63,6 +63,11 @@ pub(crate) struct OpReport {
     pub(crate) ok_per_s: f64,
     pub(crate) errors: u64,
     pub(crate) errors_by_kind: BTreeMap<String, u64>,
+    /// Operations of the warm-up (not measured): successes and errors.
+    pub(crate) warmup_ok: u64,
+    pub(crate) warmup_errors_by_kind: BTreeMap<String, u64>,
+    /// One message per error kind.
+    pub(crate) error_examples: BTreeMap<String, String>,
     /// Latency of successes, from the intended send time.
     pub(crate) latency: Latency,
 }
@@ -75,6 +80,9 @@ impl OpReport {
             ok_per_s: rec.ok as f64 / seconds,
             errors: rec.error_count(),
             errors_by_kind: rec.errors.clone(),
+            warmup_ok: rec.warmup_ok,
+            warmup_errors_by_kind: rec.warmup_errors.clone(),
+            error_examples: rec.examples.clone(),
             latency: Latency::of(&rec.hist),
         }
     }
@@ -188,7 +196,8 @@ pub(crate) struct RunReport {
     pub(crate) ok_per_s: f64,
     pub(crate) errors: u64,
     pub(crate) held_at_end: usize,
-    pub(crate) retired_resources: usize,
+    /// Resources set aside for ttl + 5 s after an unknown or refused outcome.
+    pub(crate) quarantined_resources: usize,
     pub(crate) abandoned_in_flight: usize,
     pub(crate) peak_in_flight: usize,
     /// CPU seconds of the load generator (this process) per second.
@@ -206,7 +215,7 @@ impl RunReport {
         let ops: BTreeMap<Op, OpReport> = Op::ALL.iter().map(|op| (*op, OpReport::of(r.op(*op), seconds))).collect();
         let ok: u64 = ops.values().map(|o| o.ok).sum();
         let errors = ops.values().map(|o| o.errors).sum();
-        let seconds_run = r.op(Op::Acquire).timeline.len().min(seconds.ceil() as usize);
+        let seconds_run = r.op(Op::Acquire).timeline.len().min(seconds.floor().max(1.0) as usize);
         let timeline = (0..seconds_run)
             .map(|s| {
                 let at = |op: Op| r.op(op).timeline[s];
@@ -221,6 +230,12 @@ impl RunReport {
             })
             .collect();
         let mut notes = Vec::new();
+        for op in Op::ALL {
+            let e = &r.op(op).warmup_errors;
+            if !e.is_empty() {
+                notes.push(format!("warm-up {} errors: {}", op.as_str(), kinds(e)));
+            }
+        }
         if !r.warmup_reached {
             notes.push(format!(
                 "the warm-up did not fill the active set ({} of {}) within --warmup-max",
@@ -242,7 +257,7 @@ impl RunReport {
             ok_per_s: ok as f64 / seconds,
             errors,
             held_at_end: r.held_at_end,
-            retired_resources: r.retired,
+            quarantined_resources: r.retired,
             abandoned_in_flight: r.abandoned,
             peak_in_flight: r.peak_in_flight,
             bench_cpu_cores: 0.0,
@@ -252,6 +267,15 @@ impl RunReport {
             timeline,
             notes,
         }
+    }
+
+    fn retired_resources_note(&self) -> Option<String> {
+        (self.quarantined_resources > 0 || self.abandoned_in_flight > 0).then(|| {
+            format!(
+                "{} resources quarantined after an unknown or refused outcome; {} operations still in flight after the drain",
+                self.quarantined_resources, self.abandoned_in_flight
+            )
+        })
     }
 
     pub(crate) fn acquire(&self) -> Option<&OpReport> {
@@ -458,6 +482,16 @@ impl Report {
                     );
                 }
             }
+            let noted: Vec<&RunReport> =
+                self.runs.iter().filter(|r| !r.notes.is_empty() || r.retired_resources_note().is_some()).collect();
+            if !noted.is_empty() {
+                let _ = writeln!(o, "\n### Notes on runs\n");
+                for r in noted {
+                    for n in r.notes.iter().cloned().chain(r.retired_resources_note()) {
+                        let _ = writeln!(o, "- {} {}: {n}", r.system, scenario_label(r));
+                    }
+                }
+            }
             self.comparison(&mut o);
             self.failovers(&mut o);
             self.resources(&mut o);
@@ -583,7 +617,7 @@ impl Report {
         let _ = writeln!(o, "\n## Where the time goes (coordinator histograms, means over the measured phase)\n");
         let _ = writeln!(
             o,
-            "| scenario | node | log fsync ms (count) | entries per group commit | commit ms | apply batch ms | entries per apply batch | snapshots built |"
+            "| scenario | node | log fsync ms (count) | appends per group commit | commit ms | apply batch ms | entries per apply batch | snapshots built |"
         );
         let _ = writeln!(o, "|---|--:|--:|--:|--:|--:|--:|--:|");
         for r in with_server {
@@ -806,7 +840,17 @@ mod tests {
             };
             let mut errors_by_kind = BTreeMap::new();
             errors_by_kind.insert("SHED".to_string(), 3);
-            let op = OpReport { intended: 10, ok: 10, ok_per_s: 2000.0, errors: 3, errors_by_kind, latency };
+            let op = OpReport {
+                intended: 10,
+                ok: 10,
+                ok_per_s: 2000.0,
+                errors: 3,
+                errors_by_kind,
+                warmup_ok: 0,
+                warmup_errors_by_kind: BTreeMap::new(),
+                error_examples: BTreeMap::new(),
+                latency,
+            };
             RunReport {
                 system: system.into(),
                 scenario: "steady".into(),
@@ -822,7 +866,7 @@ mod tests {
                 ok_per_s,
                 errors: 9,
                 held_at_end: 20_000,
-                retired_resources: 0,
+                quarantined_resources: 0,
                 abandoned_in_flight: 0,
                 peak_in_flight: 40,
                 bench_cpu_cores: 0.5,

@@ -293,9 +293,10 @@ enum Slot {
         renewing: bool,
     },
     Releasing,
-    /// Outcome unknown or refused: never used again in this run (it may still
-    /// be held on the server until its ttl runs out).
-    Retired,
+    /// Outcome unknown or refused: the lock may still be held on the server
+    /// (by a lease the bench does not know) until its ttl runs out, so the
+    /// resource rests for longer than that before it is picked again.
+    Quarantined,
 }
 
 /// Per-second figures of one operation, by intended time.
@@ -316,13 +317,15 @@ pub(crate) struct OpRecord {
     pub(crate) intended: u64,
     pub(crate) ok: u64,
     pub(crate) errors: BTreeMap<String, u64>,
+    /// The first message of each error kind (warm-up included).
+    pub(crate) examples: BTreeMap<String, String>,
     /// Per second of the measured phase.
     pub(crate) timeline: Vec<Second>,
     /// Completion times of successes, µs since the measured phase started.
     pub(crate) success_at_us: Vec<u64>,
     /// Warm-up operations (not in the figures above).
     pub(crate) warmup_ok: u64,
-    pub(crate) warmup_errors: u64,
+    pub(crate) warmup_errors: BTreeMap<String, u64>,
 }
 
 impl OpRecord {
@@ -332,10 +335,11 @@ impl OpRecord {
             intended: 0,
             ok: 0,
             errors: BTreeMap::new(),
+            examples: BTreeMap::new(),
             timeline: vec![Second::default(); seconds],
             success_at_us: Vec::new(),
             warmup_ok: 0,
-            warmup_errors: 0,
+            warmup_errors: BTreeMap::new(),
         }
     }
 
@@ -357,7 +361,7 @@ pub(crate) struct WorkloadResult {
     pub(crate) warmup_reached: bool,
     /// Leases held at the end (bench's view).
     pub(crate) held_at_end: usize,
-    /// Resources retired after an unknown or refused outcome.
+    /// Resources quarantined after an unknown or refused outcome.
     pub(crate) retired: usize,
     /// Operations still in flight when the drain limit ran out.
     pub(crate) abandoned: usize,
@@ -376,10 +380,17 @@ struct Completion {
     op: Op,
     resource: u32,
     generation: u32,
+    /// Dispatched in the measured phase.
+    measured: bool,
     intended: Instant,
     done: Instant,
     result: Result<Option<LeaseToken>, OpError>,
 }
+
+/// How much longer than the ttl a resource with an unknown outcome rests:
+/// the server expires a lease on its duty tick, and a new leader restarts
+/// inherited leases at ttl + election timeout (DESIGN §3.2).
+const QUARANTINE_MARGIN: Duration = Duration::from_secs(5);
 
 /// Name of resource `r` (every system uses the same names).
 pub(crate) fn resource_name(r: u32) -> String {
@@ -399,6 +410,7 @@ struct Runner {
     idle_held: PickSet,
     held: usize,
     retired: usize,
+    quarantine: std::collections::VecDeque<(Instant, u32)>,
     renewals: BinaryHeap<Reverse<(Instant, u32, u32)>>,
     next_generation: u32,
     picker: Picker,
@@ -448,6 +460,7 @@ pub(crate) async fn run(
         idle_held: PickSet::new(cfg.resources),
         held: 0,
         retired: 0,
+        quarantine: std::collections::VecDeque::new(),
         renewals: BinaryHeap::new(),
         next_generation: 0,
         picker: Picker::new(cfg.seed),
@@ -498,6 +511,7 @@ pub(crate) async fn run(
             Phase::Fill => None,
         };
 
+        runner.end_quarantines(now);
         // Dispatch everything due, in intended-time order per schedule.
         while let Some(t) = acquires.take_due(now) {
             runner.start_acquire(t);
@@ -593,7 +607,7 @@ impl Runner {
         match self.permits.clone().try_acquire_owned() {
             Ok(p) => Some(p),
             Err(_) => {
-                self.record(op, intended, Instant::now(), Err(OpError::local("SHED")));
+                self.record(op, self.measuring(), intended, Instant::now(), Err(OpError::local("SHED")));
                 None
             }
         }
@@ -602,7 +616,7 @@ impl Runner {
     fn start_acquire(&mut self, intended: Instant) {
         let Some(permit) = self.permit(Op::Acquire, intended) else { return };
         let Some(r) = self.free.pick(&mut self.picker) else {
-            self.record(Op::Acquire, intended, intended, Err(OpError::local("NO_FREE_RESOURCE")));
+            self.record(Op::Acquire, self.measuring(), intended, intended, Err(OpError::local("NO_FREE_RESOURCE")));
             return;
         };
         self.slots[r as usize] = Slot::Acquiring;
@@ -613,7 +627,7 @@ impl Runner {
     fn start_release(&mut self, intended: Instant) {
         let Some(permit) = self.permit(Op::Release, intended) else { return };
         let Some(r) = self.idle_held.pick(&mut self.picker) else {
-            self.record(Op::Release, intended, intended, Err(OpError::local("NO_IDLE_LEASE")));
+            self.record(Op::Release, self.measuring(), intended, intended, Err(OpError::local("NO_IDLE_LEASE")));
             return;
         };
         let lease = match std::mem::replace(&mut self.slots[r as usize], Slot::Releasing) {
@@ -638,7 +652,8 @@ impl Runner {
                     // Cannot happen while op_timeout < renew_every (validated);
                     // counted rather than raced if it ever does.
                     drop(permit);
-                    self.record(Op::Renew, intended, intended, Err(OpError::local("RENEW_OVERLAP")));
+                    let measured = self.measuring();
+                    self.record(Op::Renew, measured, intended, intended, Err(OpError::local("RENEW_OVERLAP")));
                     return;
                 }
                 *renewing = true;
@@ -666,6 +681,7 @@ impl Runner {
         self.in_flight += 1;
         self.peak_in_flight = self.peak_in_flight.max(self.in_flight);
         let (driver, tx, ttl, limit) = (self.driver.clone(), self.tx.clone(), self.cfg.ttl, self.cfg.op_timeout);
+        let measured = self.measuring();
         self.tasks.spawn(async move {
             let name = resource_name(r);
             let work = async {
@@ -682,7 +698,7 @@ impl Runner {
             };
             let done = Instant::now();
             drop(permit);
-            let _ = tx.send(Completion { op, resource: r, generation, intended, done, result });
+            let _ = tx.send(Completion { op, resource: r, generation, measured, intended, done, result });
         });
     }
 
@@ -709,12 +725,12 @@ impl Runner {
                 let first = first_renewal(c.intended, self.cfg.renew_every, self.picker.unit());
                 self.schedule_renewal(c.resource, generation, first);
             }
-            (Op::Acquire, _) => self.retire(r),
+            (Op::Acquire, _) => self.retire(r, c.done),
             (Op::Release, Ok(_)) => {
                 self.slots[r] = Slot::Free;
                 self.free.insert(c.resource);
             }
-            (Op::Release, Err(_)) => self.retire(r),
+            (Op::Release, Err(_)) => self.retire(r, c.done),
             (Op::Renew, result) => {
                 let refused = matches!(result, Err(e) if e.lost_lease);
                 if let Slot::Held { generation, renewing, .. } = &mut self.slots[r]
@@ -723,28 +739,54 @@ impl Runner {
                     *renewing = false;
                     if refused {
                         self.held -= 1;
-                        self.slots[r] = Slot::Retired;
-                        self.retired += 1;
+                        self.retire(r, c.done);
                     } else {
                         self.idle_held.insert(c.resource);
                     }
                 }
             }
         }
-        self.record(c.op, c.intended, c.done, c.result.map(|_| ()));
+        self.record(c.op, c.measured, c.intended, c.done, c.result.map(|_| ()));
     }
 
-    fn retire(&mut self, r: usize) {
-        self.slots[r] = Slot::Retired;
+    fn retire(&mut self, r: usize, now: Instant) {
+        self.slots[r] = Slot::Quarantined;
         self.retired += 1;
+        self.quarantine.push_back((now + self.cfg.ttl + QUARANTINE_MARGIN, r as u32));
     }
 
-    fn record(&mut self, op: Op, intended: Instant, done: Instant, result: Result<(), OpError>) {
+    /// Frees quarantined resources whose time is up.
+    fn end_quarantines(&mut self, now: Instant) {
+        while let Some(&(until, r)) = self.quarantine.front() {
+            if until > now {
+                break;
+            }
+            self.quarantine.pop_front();
+            self.slots[r as usize] = Slot::Free;
+            self.free.insert(r);
+        }
+    }
+
+    /// Whether operations dispatched now belong to the measured phase.
+    fn measuring(&self) -> bool {
+        self.measure_start.is_some()
+    }
+
+    /// Records one operation; `measured` says whether it was dispatched in
+    /// the measured phase (decided at dispatch, not from its intended time:
+    /// the last fill operation and the first measured one may share an instant).
+    fn record(&mut self, op: Op, measured: bool, intended: Instant, done: Instant, result: Result<(), OpError>) {
         let rec = &mut self.ops[op.index()];
-        let Some(start) = self.measure_start.filter(|s| intended >= *s) else {
+        if let Err(e) = &result
+            && !rec.examples.contains_key(&e.kind)
+            && rec.examples.len() < 32
+        {
+            rec.examples.insert(e.kind.clone(), e.message.clone());
+        }
+        let Some(start) = self.measure_start.filter(|_| measured) else {
             match result {
                 Ok(()) => rec.warmup_ok += 1,
-                Err(_) => rec.warmup_errors += 1,
+                Err(e) => *rec.warmup_errors.entry(e.kind).or_default() += 1,
             }
             return;
         };
@@ -796,7 +838,7 @@ impl Progress {
         let n = self.lines.get() + 1;
         self.lines.set(n);
         let w = std::mem::replace(&mut runner.progress, ProgressWindow::new());
-        if !self.tty && n % 10 != 0 {
+        if !self.tty && !n.is_multiple_of(10) {
             return;
         }
         let what = match (phase, runner.measure_start) {
@@ -886,6 +928,81 @@ mod tests {
         let mean =
             (0..10_000).map(|_| (first_renewal(taken, p, picker.unit()) - taken).as_secs_f64()).sum::<f64>() / 10_000.0;
         assert!((mean - 5.0).abs() < 0.2, "uniform phase: mean {mean}");
+    }
+
+    fn small_config() -> WorkloadConfig {
+        WorkloadConfig {
+            resources: 1_000,
+            active: 100,
+            acquire_rate: 100.0,
+            release_rate: 100.0,
+            fill_rate: 200.0,
+            renew_every: Duration::from_secs(1),
+            ttl: Duration::from_secs(3),
+            duration: Duration::from_secs(4),
+            warmup_max: Duration::from_secs(10),
+            max_in_flight: 1_000,
+            op_timeout: Duration::from_millis(900),
+            seed: 7,
+        }
+    }
+
+    fn fake(delay: Duration) -> Arc<Driver> {
+        use crate::cmd::bench::drivers::FakeDriver;
+        Arc::new(Driver::Fake(FakeDriver { delay, gate: tokio::sync::RwLock::new(()) }))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_seed_shape_in_miniature() {
+        let r = run(fake(Duration::from_millis(10)), small_config(), "test".into(), None).await;
+        assert!(r.warmup_reached);
+        // 4 s × 100/s acquires and releases; renewals at held / period.
+        assert_eq!(r.op(Op::Acquire).intended, 400);
+        assert_eq!(r.op(Op::Release).intended, 400);
+        let renews = r.op(Op::Renew).intended;
+        assert!((340..=460).contains(&renews), "about 100 held / 1 s × 4 s renewals, got {renews}");
+        for op in Op::ALL {
+            let rec = r.op(op);
+            assert_eq!(rec.error_count(), 0, "{op:?}: {:?}", rec.errors);
+            assert_eq!(rec.ok, rec.intended);
+            let p50 = rec.hist.value_at_quantile(0.5);
+            assert!((10_000..=12_000).contains(&p50), "{op:?}: p50 {p50} µs from the intended time");
+        }
+        assert_eq!(r.held_at_end, 100, "acquires and releases balance");
+        assert_eq!(r.abandoned, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_shows_as_latency_not_as_a_lower_rate() {
+        let driver = fake(Duration::from_millis(5));
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(run(driver.clone(), small_config(), "test".into(), Some(tx)));
+        let start = rx.await.unwrap();
+        tokio::time::sleep_until(start + Duration::from_millis(1500)).await;
+        let Driver::Fake(d) = &*driver else { unreachable!() };
+        let stall = d.gate.write().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        drop(stall);
+        let r = task.await.unwrap();
+        let acquires = r.op(Op::Acquire);
+        // Open loop: the ops meant for the stalled half second were still sent
+        // on time, and each owes the stall from its intended time.
+        assert_eq!(acquires.intended, 400);
+        assert_eq!(acquires.error_count(), 0);
+        let max = acquires.hist.max();
+        assert!((500_000..=510_000).contains(&max), "max {max} µs");
+        assert!(acquires.timeline[1].max_us >= 500_000, "{:?}", acquires.timeline[1]);
+        assert!(acquires.timeline[3].max_us < 10_000, "{:?}", acquires.timeline[3]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overload_is_shed_and_counted() {
+        let cfg = WorkloadConfig { max_in_flight: 5, ..small_config() };
+        // 50 ms per op at ~200 ops/s needs ~10 in flight: half are shed.
+        let r = run(fake(Duration::from_millis(50)), cfg, "test".into(), None).await;
+        let shed: u64 = Op::ALL.iter().map(|op| r.op(*op).errors.get("SHED").copied().unwrap_or(0)).sum();
+        assert!(shed > 100, "shed {shed}");
+        assert!(r.peak_in_flight <= 5);
     }
 
     #[test]
