@@ -320,6 +320,19 @@ fn random_seed() -> u64 {
 }
 
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    // On SIGINT/SIGTERM the bench future is dropped: every server process
+    // it started is killed by its PID (`kill_on_drop`), in-process nodes and
+    // temp dirs go with it. No report is written for an interrupted run.
+    tokio::select! {
+        r = run_bench(args) => r,
+        () = super::shutdown_signal() => {
+            eprintln!("fencer bench: interrupted; servers stopped, no report written");
+            Ok(ExitCode::from(130))
+        }
+    }
+}
+
+async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let plan = plan(&args)?;
     let base_cfg = workload_config(&args, 1.0)?;
     let data_base = args.data_dir.clone().unwrap_or_else(std::env::temp_dir);
@@ -413,6 +426,36 @@ async fn snapshot_before(pids: &[(u64, u32)], nodes: &[(u64, std::net::SocketAdd
     Before { at: Instant::now(), procs, metrics, bench: probe::proc_stats("self") }
 }
 
+/// Samples every process's RSS every 5 s from `start` until told to stop
+/// (or for an hour at most): growth over a run shows what a short run hides.
+fn sample_memory(
+    pids: Vec<(u64, u32)>,
+    start: Instant,
+) -> (oneshot::Sender<()>, tokio::task::JoinHandle<Vec<report::MemorySample>>) {
+    let (stop, mut stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let mut samples = Vec::new();
+        let mut tick = tokio::time::interval_at(start, Duration::from_secs(5));
+        for _ in 0..720 {
+            tokio::select! {
+                _ = &mut stopped => break,
+                at = tick.tick() => {
+                    let rss_mb = pids
+                        .iter()
+                        .map(|(id, pid)| {
+                            let rss = probe::proc_stats(&pid.to_string()).map_or(0, |s| s.rss_bytes);
+                            (*id, (rss as f64 / (1024.0 * 1024.0) * 10.0).round() / 10.0)
+                        })
+                        .collect();
+                    samples.push(report::MemorySample { second: (at - start).as_secs(), rss_mb });
+                }
+            }
+        }
+        samples
+    });
+    (stop, task)
+}
+
 /// Fills in memory, CPU and server figures from `before` to now.
 async fn finish_run(run: &mut RunReport, before: &Before, nodes: &[(u64, std::net::SocketAddr)]) {
     let seconds = (Instant::now() - before.at).as_secs_f64().max(1e-3);
@@ -479,6 +522,7 @@ impl Env<'_> {
         let measure_start = rx.await.context("the workload ended before measuring")?;
         let live = cluster.live_addrs();
         let before = snapshot_before(&cluster.pids(), &live).await;
+        let (stop_sampling, sampler) = sample_memory(cluster.pids(), measure_start);
         let mut failover = None;
         if scenario == Scenario::LeaderKill {
             let kill_at = args.kill_at.unwrap_or(cfg.duration / 2).min(cfg.duration);
@@ -491,9 +535,11 @@ impl Env<'_> {
             failover = Some((victim, at, new_leader, known));
         }
         let mut result = workload.await.context("the workload task failed")?;
+        let _ = stop_sampling.send(());
         let live = cluster.live_addrs();
         let mut run = RunReport::new("fencer", scenario.name(), scale, cfg, &result);
         finish_run(&mut run, &before, &live).await;
+        run.memory = sampler.await.unwrap_or_default();
         if let Some((victim, at, new_leader, known)) = failover {
             let mut f = failover_figures(&mut result, victim, at, new_leader);
             f.leader_known_after_ms = new_leader.map(|_| known.as_secs_f64() * 1000.0);
@@ -558,11 +604,14 @@ impl Env<'_> {
         let (tx, rx) = oneshot::channel();
         let label = format!("{name} steady");
         let workload = tokio::spawn(workload::run(driver, cfg.clone(), label, Some(tx)));
-        let _ = rx.await;
+        let start = rx.await.context("the workload ended before measuring")?;
         let before = snapshot_before(pids, &[]).await;
+        let (stop_sampling, sampler) = sample_memory(pids.to_vec(), start);
         let result = workload.await.context("the workload task failed")?;
+        let _ = stop_sampling.send(());
         let mut run = RunReport::new(name, "steady", 1.0, cfg, &result);
         finish_run(&mut run, &before, &[]).await;
+        run.memory = sampler.await.unwrap_or_default();
         Ok(run)
     }
 
@@ -575,7 +624,8 @@ impl Env<'_> {
         let args = self.args;
         let bound_ms = args.search_p99.as_secs_f64() * 1000.0;
         let mut search = search::Search::new(args.search_max_scale, args.search_steps);
-        let mut report = SearchReport { p99_bound_ms: bound_ms, ..SearchReport::default() };
+        let step_seconds = args.search_duration.unwrap_or(args.duration).as_secs_f64();
+        let mut report = SearchReport { p99_bound_ms: bound_ms, step_seconds, ..SearchReport::default() };
         while let Some(scale) = search.next() {
             let step = async {
                 let mut cfg = workload_config(args, scale)?;

@@ -206,7 +206,18 @@ pub(crate) struct RunReport {
     pub(crate) server: Vec<ServerFigures>,
     pub(crate) failover: Option<Failover>,
     pub(crate) timeline: Vec<TimelineRow>,
+    /// RSS of each server process every 5 s of the measured phase.
+    pub(crate) memory: Vec<MemorySample>,
     pub(crate) notes: Vec<String>,
+}
+
+/// RSS of each server process at one moment.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct MemorySample {
+    /// Seconds into the measured phase.
+    pub(crate) second: u64,
+    /// Node id → RSS in MB (0 once the process is gone).
+    pub(crate) rss_mb: BTreeMap<u64, f64>,
 }
 
 impl RunReport {
@@ -265,6 +276,7 @@ impl RunReport {
             server: Vec::new(),
             failover: None,
             timeline,
+            memory: Vec::new(),
             notes,
         }
     }
@@ -334,6 +346,8 @@ pub(crate) struct SearchStep {
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct SearchReport {
     pub(crate) p99_bound_ms: f64,
+    /// Measured phase of each step.
+    pub(crate) step_seconds: f64,
     pub(crate) steps: Vec<SearchStep>,
     /// Highest passing scale and its offered rate.
     pub(crate) highest_pass: Option<(f64, f64)>,
@@ -610,6 +624,13 @@ impl Report {
                 );
             }
         }
+        let grown: Vec<String> = self.runs.iter().filter_map(memory_growth).collect();
+        if !grown.is_empty() {
+            let _ = writeln!(o, "\nRSS growth during the measured phase (sampled every 5 s; first → last sample):\n");
+            for g in grown {
+                let _ = writeln!(o, "- {g}");
+            }
+        }
         let with_server: Vec<&RunReport> = self.runs.iter().filter(|r| !r.server.is_empty()).collect();
         if with_server.is_empty() {
             return;
@@ -735,6 +756,11 @@ impl Report {
     fn search_section(&self, o: &mut String) {
         let Some(s) = &self.search else { return };
         let _ = writeln!(o, "\n## Rate search (highest rate with p99 acquire < {} ms and no errors)\n", s.p99_bound_ms);
+        let _ = writeln!(
+            o,
+            "Each step: a fresh 3-node cluster, a warm-up, then {:.0} s measured; rates, active set and resources scaled together.\n",
+            s.step_seconds
+        );
         let _ = writeln!(o, "| scale | offered ops/s | ok ops/s | acquire p99 ms | errors | pass | why |");
         let _ = writeln!(o, "|--:|--:|--:|--:|--:|---|---|");
         for st in &s.steps {
@@ -762,6 +788,24 @@ impl Report {
             }
         }
     }
+}
+
+/// "fencer steady: node 1 110 → 130 MB (+40 MB/min), …" from the samples.
+fn memory_growth(r: &RunReport) -> Option<String> {
+    let (first, last) = (r.memory.first()?, r.memory.last()?);
+    let minutes = (last.second.saturating_sub(first.second)) as f64 / 60.0;
+    if minutes <= 0.0 {
+        return None;
+    }
+    let nodes: Vec<String> = first
+        .rss_mb
+        .iter()
+        .filter_map(|(id, a)| {
+            let b = *last.rss_mb.get(id)?;
+            (b > 0.0).then(|| format!("node {id} {a:.0} → {b:.0} MB ({:+.1} MB/min)", (b - a) / minutes))
+        })
+        .collect();
+    Some(format!("{} {} over {:.0} s: {}", r.system, scenario_label(r), minutes * 60.0, nodes.join(", ")))
 }
 
 fn scenario_label(r: &RunReport) -> String {
@@ -874,6 +918,7 @@ mod tests {
                 server: vec![],
                 failover: None,
                 timeline: vec![],
+                memory: vec![],
                 notes: vec![],
             }
         };
