@@ -490,12 +490,11 @@ pub(crate) async fn run(
     loop {
         let now = Instant::now();
         if let Phase::Fill = phase
-            && (runner.held + count_acquiring(&runner) >= runner.cfg.active as usize || now >= warmup_deadline)
+            && (runner.filled() || now >= warmup_deadline)
         {
-            // Only what is granted counts as filled; in-flight acquires
-            // finish in the measured phase's first moments.
-            warmup_reached = runner.held >= runner.cfg.active as usize
-                || runner.held + count_acquiring(&runner) >= runner.cfg.active as usize;
+            // Acquires still in flight finish in the measured phase's
+            // first moments (and are counted as warm-up operations).
+            warmup_reached = runner.filled();
             let start = now;
             runner.measure_start = Some(start);
             acquires = Schedule::new(start, runner.cfg.acquire_rate);
@@ -516,7 +515,7 @@ pub(crate) async fn run(
         while let Some(t) = acquires.take_due(now) {
             runner.start_acquire(t);
             if let Phase::Fill = phase
-                && runner.held + count_acquiring(&runner) >= runner.cfg.active as usize
+                && runner.filled()
             {
                 break;
             }
@@ -595,11 +594,12 @@ pub(crate) fn first_renewal(taken: Instant, period: Duration, phase: f64) -> Ins
     taken + period.mul_f64(1.0 - phase.clamp(0.0, 1.0)).max(Duration::from_millis(1))
 }
 
-fn count_acquiring(runner: &Runner) -> usize {
-    runner.acquiring
-}
-
 impl Runner {
+    /// Whether the active set is full, counting acquires in flight.
+    fn filled(&self) -> bool {
+        self.held + self.acquiring >= self.cfg.active as usize
+    }
+
     /// A slot for one more operation in flight, or `None`: the operation is
     /// shed and counted as failed (overload made visible, not hidden), and
     /// the bench's view of the resource stays as it was.
@@ -785,8 +785,14 @@ impl Runner {
         }
         let Some(start) = self.measure_start.filter(|_| measured) else {
             match result {
-                Ok(()) => rec.warmup_ok += 1,
-                Err(e) => *rec.warmup_errors.entry(e.kind).or_default() += 1,
+                Ok(()) => {
+                    rec.warmup_ok += 1;
+                    self.progress.ok[op.index()] += 1;
+                }
+                Err(e) => {
+                    *rec.warmup_errors.entry(e.kind).or_default() += 1;
+                    self.progress.errors += 1;
+                }
             }
             return;
         };
