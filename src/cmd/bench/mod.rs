@@ -71,8 +71,10 @@ pub(crate) struct BenchArgs {
     full: bool,
 
     /// Use an existing fencer cluster instead of starting one (only the
-    /// steady scenario; nothing is killed).
-    #[arg(long, env = "FENCER_ENDPOINTS", value_delimiter = ',')]
+    /// steady scenario; nothing is killed). Deliberately not read from
+    /// FENCER_ENDPOINTS: a shell set up for the CLI must not aim a load test
+    /// at a real cluster by accident.
+    #[arg(long, value_delimiter = ',')]
     endpoints: Vec<String>,
 
     /// Lockable resources.
