@@ -161,6 +161,11 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 64)]
     proxy_concurrency: usize,
 
+    /// The system the rate search runs against: fencer, or (with
+    /// `bench-peers`) etcd or redis.
+    #[arg(long, default_value = "fencer")]
+    search_system: String,
+
     /// Bound on p99 acquire for the rate search.
     #[arg(long, default_value = "200ms", value_parser = parse_duration)]
     search_p99: Duration,
@@ -292,6 +297,12 @@ fn plan(args: &BenchArgs) -> anyhow::Result<Plan> {
         eprintln!("fencer bench: {note}");
         notes.push(note.to_string());
     }
+    if args.search && !["fencer", "etcd", "redis"].contains(&args.search_system.as_str()) {
+        anyhow::bail!("--search-system {:?}: fencer, etcd or redis", args.search_system);
+    }
+    if args.search && args.search_system != "fencer" && !cfg!(feature = "bench-peers") {
+        anyhow::bail!("--search-system {} needs a build with --features bench-peers", args.search_system);
+    }
     Ok(Plan { scenarios, peers, notes })
 }
 
@@ -372,7 +383,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
     }
     for peer in &plan.peers {
-        match env.peer_run(peer, &base_cfg).await {
+        match env.peer_run(peer, &base_cfg, 1.0).await {
             Ok(r) => report.runs.push(r),
             Err(e) => {
                 eprintln!("fencer bench: {peer} failed: {e:#}");
@@ -552,19 +563,19 @@ impl Env<'_> {
     }
 
     #[cfg(feature = "bench-peers")]
-    async fn peer_run(&self, peer: &str, cfg: &WorkloadConfig) -> anyhow::Result<RunReport> {
+    async fn peer_run(&self, peer: &str, cfg: &WorkloadConfig, scale: f64) -> anyhow::Result<RunReport> {
         use self::drivers::peers::{EtcdDriver, RedisDriver};
         use self::servers::{EtcdCluster, RedisServer};
         let args = self.args;
         eprintln!("fencer bench: {peer}, steady (offered {:.0} ops/s)", cfg.offered_rate());
         match peer {
             "etcd" => {
-                let logs = args.out.join("logs").join(run_name("etcd", "steady", 1.0));
+                let logs = args.out.join("logs").join(run_name("etcd", "steady", scale));
                 let cluster = EtcdCluster::start(&args.etcd_bin, &self.data_base, &logs).await?;
                 let result = async {
                     let driver =
                         Arc::new(Driver::Etcd(EtcdDriver::connect(&cluster.client_urls, args.connections).await?));
-                    self.peer_workload("etcd", driver, &cluster.pids(), cfg).await
+                    self.peer_workload("etcd", driver, &cluster.pids(), cfg, scale).await
                 }
                 .await;
                 cluster.stop().await;
@@ -574,13 +585,13 @@ impl Env<'_> {
                 })
             }
             "redis" => {
-                let logs = args.out.join("logs").join(run_name("redis", "steady", 1.0));
+                let logs = args.out.join("logs").join(run_name("redis", "steady", scale));
                 let server = RedisServer::start(&args.redis_bin, &self.data_base, &logs).await?;
                 let result = async {
                     let driver = Arc::new(Driver::Redis(
                         RedisDriver::connect(&server.addr.to_string(), args.connections).await?,
                     ));
-                    self.peer_workload("redis", driver, &[(1, server.proc.pid())], cfg).await
+                    self.peer_workload("redis", driver, &[(1, server.proc.pid())], cfg, scale).await
                 }
                 .await;
                 server.stop().await;
@@ -602,6 +613,7 @@ impl Env<'_> {
         driver: Arc<Driver>,
         pids: &[(u64, u32)],
         cfg: &WorkloadConfig,
+        scale: f64,
     ) -> anyhow::Result<RunReport> {
         let (tx, rx) = oneshot::channel();
         let label = format!("{name} steady");
@@ -611,14 +623,14 @@ impl Env<'_> {
         let (stop_sampling, sampler) = sample_memory(pids.to_vec(), start);
         let result = workload.await.context("the workload task failed")?;
         let _ = stop_sampling.send(());
-        let mut run = RunReport::new(name, "steady", 1.0, cfg, &result);
+        let mut run = RunReport::new(name, "steady", scale, cfg, &result);
         finish_run(&mut run, &before, &[]).await;
         run.memory = sampler.await.unwrap_or_default();
         Ok(run)
     }
 
     #[cfg(not(feature = "bench-peers"))]
-    async fn peer_run(&self, peer: &str, _cfg: &WorkloadConfig) -> anyhow::Result<RunReport> {
+    async fn peer_run(&self, peer: &str, _cfg: &WorkloadConfig, _scale: f64) -> anyhow::Result<RunReport> {
         anyhow::bail!("{peer} needs a build with --features bench-peers")
     }
 
@@ -627,14 +639,22 @@ impl Env<'_> {
         let bound_ms = args.search_p99.as_secs_f64() * 1000.0;
         let mut search = search::Search::new(args.search_max_scale, args.search_steps);
         let step_seconds = args.search_duration.unwrap_or(args.duration).as_secs_f64();
-        let mut report = SearchReport { p99_bound_ms: bound_ms, step_seconds, ..SearchReport::default() };
+        let mut report = SearchReport {
+            system: args.search_system.clone(),
+            p99_bound_ms: bound_ms,
+            step_seconds,
+            ..SearchReport::default()
+        };
         while let Some(scale) = search.next() {
             let step = async {
                 let mut cfg = workload_config(args, scale)?;
                 if let Some(d) = args.search_duration {
                     cfg.duration = d;
                 }
-                let run = self.fencer_run(Scenario::Steady, &cfg, scale).await?;
+                let run = match args.search_system.as_str() {
+                    "fencer" => self.fencer_run(Scenario::Steady, &cfg, scale).await?,
+                    peer => self.peer_run(peer, &cfg, scale).await?,
+                };
                 anyhow::Ok((cfg, run))
             }
             .await;
