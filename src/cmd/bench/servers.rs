@@ -184,7 +184,7 @@ impl FencerCluster {
         anyhow::bail!("no leader within {timeout:?}: {last}")
     }
 
-    /// Node id → address of the leader, and one follower.
+    /// A live follower of `leader`, if any.
     pub(crate) fn follower_of(&self, leader: u64) -> Option<u64> {
         self.nodes.iter().find(|n| n.id != leader && n.proc.is_some()).map(|n| n.id)
     }
