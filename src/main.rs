@@ -68,6 +68,8 @@ unavailable, 206 invalid, 207 cannot start, 202 usage, 201 other. See docs/clien
     Rejections(cmd::proxy::RejectionsArgs),
     /// Show the proxy's per-resource state.
     ProxyStatus(cmd::proxy::ProxyStatusArgs),
+    /// Benchmark: the seed workload, open loop, on a local 3-node cluster (docs/performance.md).
+    Bench(Box<cmd::bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -109,6 +111,7 @@ fn main() -> ExitCode {
             Command::Proxy(args) => cmd::proxy::run_proxy(args).await,
             Command::Rejections(args) => cmd::proxy::run_rejections(args).await,
             Command::ProxyStatus(args) => cmd::proxy::run_proxy_status(args).await,
+            Command::Bench(args) => cmd::bench::run(*args).await,
         }
     });
     match result {

@@ -1,0 +1,233 @@
+//! The sidecar proxy's cost: the same fenced writes sent once straight to an
+//! upstream and once through an in-process `fencer proxy` in front of it.
+//!
+//! Two measurements, as `examples/proxy_bench.rs` does for the first:
+//! - added latency at fixed rates, open loop (latency from the intended send
+//!   time; an in-flight cap sheds and counts instead of queueing silently);
+//! - maximum throughput, closed loop with a fixed number of concurrent
+//!   writers, for each path.
+//!
+//! The upstream answers `204` at once, so the difference is the proxy's own
+//! work: parsing, the fence check, the per-resource guard, forwarding.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use fencer_proxy::{ProxyConfig, SimpleConfig};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::sync::{Mutex, Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::report::{Latency, ProxyRate, ProxyReport, ProxyThroughput, RateResult};
+use super::workload::{micros_between, new_histogram};
+
+/// Requests in flight at once in the open-loop runs.
+const MAX_IN_FLIGHT: usize = 5_000;
+
+/// An upstream that answers every request with `204` (an ideal database).
+struct Upstream {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Upstream {
+    async fn start() -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                tokio::select! {
+                    _ = stopped.changed() => break,
+                    accepted = listener.accept() => {
+                        let Ok((stream, _)) = accepted else { continue };
+                        let _ = stream.set_nodelay(true);
+                        conns.spawn(async move {
+                            let svc = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                                // Read the body, like a database would.
+                                let _ = req.into_body().collect().await;
+                                Ok::<_, Infallible>(
+                                    Response::builder().status(StatusCode::NO_CONTENT).body(Empty::<Bytes>::new()).expect("static response"),
+                                )
+                            });
+                            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                        });
+                    }
+                }
+                while conns.try_join_next().is_some() {}
+            }
+            conns.abort_all();
+        });
+        Ok(Self { addr, stop, task })
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
+}
+
+#[derive(Clone)]
+struct Writer {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Writer {
+    fn new() -> Self {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        Self { client: Client::builder(TokioExecutor::new()).pool_max_idle_per_host(4096).build(http) }
+    }
+
+    /// One fenced write; `Ok` only for a 2xx answer.
+    async fn write(&self, addr: SocketAddr) -> Result<(), String> {
+        let req = Request::post(format!("http://{addr}/write?db=bench"))
+            .header("fencing-token", "1")
+            .body(Full::new(Bytes::from_static(b"cpu,host=a value=1")))
+            .map_err(|e| e.to_string())?;
+        let resp = tokio::time::timeout(Duration::from_secs(5), self.client.request(req))
+            .await
+            .map_err(|_| "timeout".to_string())?
+            .map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let _ = resp.into_body().collect().await;
+        if status.is_success() { Ok(()) } else { Err(format!("status {status}")) }
+    }
+}
+
+/// Open loop at `rate` for `duration`: request `i` is intended at `i / rate`.
+async fn open_loop(writer: &Writer, addr: SocketAddr, rate: u64, duration: Duration) -> RateResult {
+    let hist = Arc::new(Mutex::new(new_histogram()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let total = rate.saturating_mul(duration.as_secs()).min(10_000_000);
+    let start = Instant::now() + Duration::from_millis(20);
+    let mut tasks = JoinSet::new();
+    for i in 0..total {
+        let intended = start + Duration::from_secs_f64(i as f64 / rate as f64);
+        tokio::time::sleep_until(intended).await;
+        while tasks.try_join_next().is_some() {}
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            errors.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        let (writer, hist, errors) = (writer.clone(), hist.clone(), errors.clone());
+        tasks.spawn(async move {
+            let r = writer.write(addr).await;
+            let us = micros_between(intended, Instant::now());
+            drop(permit);
+            match r {
+                Ok(()) => {
+                    let _ = hist.lock().await.record(us);
+                }
+                Err(_) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), async { while tasks.join_next().await.is_some() {} }).await;
+    tasks.abort_all();
+    let elapsed = Instant::now() - start;
+    let hist = hist.lock().await.clone();
+    RateResult::from_histogram(&hist, errors.load(Ordering::Relaxed), elapsed)
+}
+
+/// Closed loop: `concurrency` writers back to back for `duration`.
+async fn closed_loop(writer: &Writer, addr: SocketAddr, concurrency: usize, duration: Duration) -> RateResult {
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut tasks = JoinSet::new();
+    for _ in 0..concurrency.max(1) {
+        let writer = writer.clone();
+        tasks.spawn(async move {
+            let mut hist = new_histogram();
+            let mut errors = 0u64;
+            while Instant::now() < deadline {
+                let t0 = Instant::now();
+                match writer.write(addr).await {
+                    Ok(()) => {
+                        let _ = hist.record(micros_between(t0, Instant::now()));
+                    }
+                    Err(_) => errors += 1,
+                }
+            }
+            (hist, errors)
+        });
+    }
+    let mut hist = new_histogram();
+    let mut errors = 0;
+    while let Some(Ok((h, e))) = tasks.join_next().await {
+        let _ = hist.add(h);
+        errors += e;
+    }
+    RateResult::from_histogram(&hist, errors, Instant::now() - start)
+}
+
+/// Runs both measurements and returns the proxy part of the report.
+pub(crate) async fn run(
+    base: &std::path::Path,
+    rates: &[u64],
+    duration: Duration,
+    concurrency: usize,
+) -> anyhow::Result<ProxyReport> {
+    let upstream = Upstream::start().await?;
+    std::fs::create_dir_all(base)?;
+    let dir = tempfile::Builder::new().prefix("proxy-bench-").tempdir_in(base)?;
+    let mut config = ProxyConfig::simple(SimpleConfig {
+        listen: "127.0.0.1:0".parse()?,
+        upstream: format!("http://{}", upstream.addr),
+        resource: "bench".into(),
+        data_dir: dir.path().to_owned(),
+        admin: "127.0.0.1:0".parse()?,
+        read_routes: vec![],
+    })?;
+    config.limits.max_concurrent_requests = 10_000;
+    let proxy = fencer_proxy::start(config, Some(0)).await?;
+    let writer = Writer::new();
+    let result = async {
+        // The first write persists the epoch; later ones share the guard.
+        writer.write(proxy.local_addr()).await.map_err(anyhow::Error::msg)?;
+        let mut report = ProxyReport::default();
+        for &rate in rates {
+            // Warm both paths (connection pools) before measuring.
+            let _ = open_loop(&writer, upstream.addr, rate.min(1000), Duration::from_secs(1)).await;
+            let _ = open_loop(&writer, proxy.local_addr(), rate.min(1000), Duration::from_secs(1)).await;
+            let direct = open_loop(&writer, upstream.addr, rate, duration).await;
+            let proxied = open_loop(&writer, proxy.local_addr(), rate, duration).await;
+            eprintln!(
+                "[proxy] {rate}/s: p99 direct {:.3} ms, through the proxy {:.3} ms",
+                direct.latency.p99_ms, proxied.latency.p99_ms
+            );
+            report.rates.push(ProxyRate::new(rate, direct, proxied));
+        }
+        let direct = closed_loop(&writer, upstream.addr, concurrency, duration).await;
+        let proxied = closed_loop(&writer, proxy.local_addr(), concurrency, duration).await;
+        eprintln!("[proxy] max throughput: direct {:.0}/s, through the proxy {:.0}/s", direct.per_s, proxied.per_s);
+        report.throughput = Some(ProxyThroughput { concurrency, direct, proxy: proxied });
+        report.seconds_per_run = duration.as_secs_f64();
+        anyhow::Ok(report)
+    }
+    .await;
+    proxy.shutdown().await;
+    upstream.stop().await;
+    result
+}
+
+impl ProxyRate {
+    fn new(rate: u64, direct: RateResult, proxy: RateResult) -> Self {
+        let added = |f: fn(&Latency) -> f64| f(&proxy.latency) - f(&direct.latency);
+        Self { rate, added_p50_ms: added(|l| l.p50_ms), added_p99_ms: added(|l| l.p99_ms), direct, proxy }
+    }
+}
