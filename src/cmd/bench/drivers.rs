@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use fencer_client::{AcquireOptions, Client, ClientError};
+use fencer_client::{Client, ClientError};
 
 /// What a successful acquire hands back, to renew and release with.
 #[derive(Debug, Clone)]
@@ -145,15 +145,18 @@ impl FencerDriver {
     }
 
     async fn acquire(&self, resource: &str, ttl: Duration) -> Result<LeaseToken, OpError> {
-        let opts = AcquireOptions {
-            resource: resource.to_string(),
-            ttl: Some(ttl),
-            wait: Duration::ZERO,
-            holder: "fencer-bench".into(),
-            request_id: None,
-        };
-        let lease = self.client().acquire(opts).await.map_err(fencer_error)?;
-        Ok(LeaseToken::Fencer(lease.lease_id.into()))
+        // One routed attempt, no library-level resends: the bench classifies
+        // and counts every failure itself.
+        let grant = self
+            .client()
+            .acquire(resource)
+            .ttl(ttl)
+            .holder("fencer-bench")
+            .retry_budget(Duration::ZERO)
+            .grant()
+            .await
+            .map_err(|e| fencer_error(e.client_error().clone()))?;
+        Ok(LeaseToken::Fencer(grant.lease_id.as_str().into()))
     }
 
     async fn renew(&self, resource: &str, lease_id: &str) -> Result<(), OpError> {
