@@ -77,6 +77,8 @@ struct Inner {
 struct State {
     channels: HashMap<String, Channel>,
     leader: Option<String>,
+    /// The endpoint to try first when no leader is known.
+    cursor: usize,
 }
 
 impl Client {
@@ -145,8 +147,14 @@ impl Client {
         F: Fn(Channel) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let mut next_endpoint = 0usize;
-        let mut target = self.state().leader.clone();
+        // Start where the last failure left off, so a dead node is not the
+        // first one every call tries.
+        let (mut cursor, mut target) = {
+            let st = self.state();
+            (st.cursor, st.leader.clone())
+        };
+        let mut failed_in_round = 0usize;
+        let mut round = 0usize;
         let mut last =
             ClientError::Unavailable { reason: None, message: "no endpoint tried".into(), metadata: HashMap::new() };
         let endpoints = &self.inner.endpoints;
@@ -155,8 +163,8 @@ impl Client {
             let addr = match target.take() {
                 Some(a) => a,
                 None => {
-                    let a = endpoints[next_endpoint % endpoints.len()].clone();
-                    next_endpoint += 1;
+                    let a = endpoints[cursor % endpoints.len()].clone();
+                    cursor = cursor.wrapping_add(1);
                     a
                 }
             };
@@ -180,7 +188,8 @@ impl Client {
                     let hint = leader_hint(&err);
                     self.state().leader = hint.clone();
                     if hint.is_none() || hint.as_deref() == Some(addr.as_str()) {
-                        tokio::time::sleep(backoff(attempt)).await;
+                        // An election is running: ask again soon.
+                        tokio::time::sleep(backoff(attempt.min(3))).await;
                     } else {
                         target = hint;
                     }
@@ -190,8 +199,19 @@ impl Client {
                     return Err(err);
                 }
                 ClientError::Unavailable { .. } => {
-                    self.state().leader = None;
-                    tokio::time::sleep(backoff(attempt)).await;
+                    // This node is unreachable: try the other endpoints at
+                    // once; pause only after a whole round failed.
+                    {
+                        let mut st = self.state();
+                        st.leader = None;
+                        st.cursor = cursor;
+                    }
+                    failed_in_round += 1;
+                    if failed_in_round >= endpoints.len() {
+                        failed_in_round = 0;
+                        tokio::time::sleep(backoff(round)).await;
+                        round += 1;
+                    }
                 }
                 ClientError::Config(_) => return Err(err),
             }
@@ -295,8 +315,10 @@ fn leader_hint(err: &ClientError) -> Option<String> {
     }
 }
 
+/// 25 ms doubling to at most 400 ms: short enough to find a new leader
+/// within a heartbeat or two of its election.
 fn backoff(attempt: usize) -> Duration {
-    Duration::from_millis((50u64 << attempt.min(5)).min(1_000))
+    Duration::from_millis((25u64 << attempt.min(4)).min(400))
 }
 
 fn endpoint(addr: &str) -> Result<Endpoint, ClientError> {

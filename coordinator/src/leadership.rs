@@ -43,8 +43,11 @@ use crate::waiters::ParkedCalls;
 
 /// How often the leader looks for overdue leases and unclaimed slots.
 const DUTY_TICK: Duration = Duration::from_millis(50);
-/// How often the leader proposes PruneDedup.
-const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// How often the leader proposes PruneDedup: a quarter of the retention,
+/// between 5 s and 60 s, so records live at most 1.25 × the retention.
+fn prune_every(retention: Duration) -> Duration {
+    (retention / 4).clamp(Duration::from_secs(5), Duration::from_secs(60))
+}
 /// Expire proposals in flight at once.
 const MAX_EXPIRE_IN_FLIGHT: usize = 1024;
 
@@ -182,7 +185,7 @@ impl Duties {
                                     None
                                 });
                             }
-                            if last_prune.elapsed() >= PRUNE_EVERY {
+                            if last_prune.elapsed() >= prune_every(self.svc.policy().dedup_retention) {
                                 last_prune = clock.now();
                                 let retention = self.svc.policy().dedup_retention.as_millis() as u64;
                                 let older_than_ms = clock.wall_ms().saturating_sub(retention);

@@ -76,7 +76,7 @@ pub use self::service::{
 };
 pub use self::state_machine::{
     Applied, CancelOutcome, Changes, Command, DedupOutcome, DedupRecord, EndReason, EndedLease, Event, Grant,
-    LockRecord, LockState, LogCommand, Outcome, Rejection, ResourceState, Waiter,
+    LockRecord, LockState, LogCommand, Outcome, Rejection, ResourceHash, ResourceState, Waiter,
 };
 pub use self::store::{
     ApplyObserver, LOG_FILE, LogReader, LogStore, NoObserver, SNAPSHOT_DIR, STATE_FILE, StateMachineStore,

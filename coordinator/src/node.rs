@@ -334,6 +334,7 @@ impl Node {
             clock,
             cluster: cluster.clone(),
             election_timeout: config.election_timeout.1,
+            stopping: std::sync::atomic::AtomicBool::new(false),
         });
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -483,6 +484,7 @@ impl Node {
     /// Stops serving, stops raft and makes the state durable. In-flight
     /// requests get a short while to finish.
     pub async fn shutdown(self) {
+        self.svc.begin_stop();
         let _ = self.shutdown_tx.send(true);
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
@@ -505,6 +507,7 @@ impl Node {
     /// stores already made durable. For fault-injection tests; a process
     /// exits the same way on kill -9.
     pub async fn abort(self) {
+        self.svc.begin_stop();
         self.server.abort();
         for t in &self.tasks {
             t.abort();

@@ -41,7 +41,7 @@ impl Policy {
             max_wait: Duration::from_secs(300),
             max_waiters_per_resource: 1024,
             max_waiters_total: 100_000,
-            dedup_retention: Duration::from_secs(600),
+            dedup_retention: Duration::from_secs(120),
             write_timeout: Duration::from_secs(5),
             unclaimed_slot_grace: Duration::from_secs(10),
             max_page_size: 1000,

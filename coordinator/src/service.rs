@@ -52,11 +52,8 @@ pub enum LockError {
     #[error("lease expired")]
     LeaseExpired,
     /// The request id was already used for another resource.
-    #[error("request id was already used for resource {first_resource}")]
-    RequestIdReused {
-        /// The resource it was first used for.
-        first_resource: String,
-    },
+    #[error("request id was already used for another resource; use a fresh request id per attempt")]
+    RequestIdReused,
     /// This node is not the leader.
     #[error("not the leader{}", leader_addr.as_ref().map(|a| format!("; the leader is {a}")).unwrap_or_else(|| "; no leader is known".into()))]
     NotLeader {
@@ -92,7 +89,7 @@ impl LockError {
             Self::TooManyWaiters { .. } => "TOO_MANY_WAITERS",
             Self::NotHolder => "NOT_HOLDER",
             Self::LeaseExpired => "LEASE_EXPIRED",
-            Self::RequestIdReused { .. } => "REQUEST_ID_REUSED",
+            Self::RequestIdReused => "REQUEST_ID_REUSED",
             Self::NotLeader { .. } => "NOT_LEADER",
             Self::NoQuorum => "NO_QUORUM",
             Self::Unknown(_) => "OUTCOME_UNKNOWN",
@@ -105,7 +102,7 @@ impl LockError {
     /// The outcome label for metrics (DESIGN §6).
     pub fn metric_outcome(&self) -> &'static str {
         match self {
-            Self::Invalid(_) | Self::RequestIdReused { .. } => "invalid",
+            Self::Invalid(_) | Self::RequestIdReused => "invalid",
             Self::LockHeld { .. } | Self::TooManyWaiters { .. } => "conflict",
             Self::WaitTimeout => "timeout",
             Self::NotHolder | Self::LeaseExpired => "not_holder",
@@ -200,6 +197,10 @@ pub(crate) struct ServiceInner {
     pub(crate) cluster: Arc<crate::bootstrap::ClusterId>,
     /// The longest election timeout: the quorum lease and the health bound.
     pub(crate) election_timeout: Duration,
+    /// Set when the node starts stopping: calls cut off by the stop are not
+    /// "callers that went away", so their queue slots are left for the
+    /// retries on the next leader to reclaim.
+    pub(crate) stopping: std::sync::atomic::AtomicBool,
 }
 
 /// The lock operations of one node. Cheap to clone.
@@ -229,6 +230,11 @@ pub(crate) fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>
 impl LockService {
     pub(crate) fn new(inner: ServiceInner) -> Self {
         Self { inner: Arc::new(inner) }
+    }
+
+    /// Marks the node as stopping (see [`ServiceInner::stopping`]).
+    pub(crate) fn begin_stop(&self) {
+        self.inner.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The policy in force.
@@ -447,9 +453,7 @@ impl LockService {
                 Rejection::TooManyWaiters { limit } => LockError::TooManyWaiters { limit: u64::from(limit) },
                 Rejection::NotHolder => LockError::NotHolder,
                 Rejection::LeaseExpired => LockError::LeaseExpired,
-                Rejection::RequestIdReused { first_resource } => {
-                    LockError::RequestIdReused { first_resource: first_resource.to_string() }
-                }
+                Rejection::RequestIdReused => LockError::RequestIdReused,
                 Rejection::WaitCancelled => LockError::WaitTimeout,
             },
             other => LockError::Internal(format!("unexpected outcome {other:?}")),
@@ -639,7 +643,7 @@ impl WaitGuard {
 
 impl Drop for WaitGuard {
     fn drop(&mut self) {
-        if !self.armed {
+        if !self.armed || self.svc.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
         let parked = &self.svc.inner.parked;

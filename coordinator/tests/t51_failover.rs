@@ -101,7 +101,7 @@ async fn t51_response_lost_after_commit_retry_on_the_new_leader_returns_the_orig
     let others: Vec<NodeId> = c.ids().into_iter().filter(|n| *n != old).collect();
 
     c.drop_response_after_commit(old);
-    let lost = c.acquire(&h, old, "lost/1", "lost-holder-0001", 5_000, 0).await;
+    let lost = c.acquire(&h, old, "lost/1", "lost-holder-0001", 30_000, 0).await;
     assert!(lost.is_err(), "the response should have been lost");
     // It committed all the same: the old leader applied it before answering.
     let (lease_id, token) = {
@@ -126,7 +126,7 @@ async fn t51_response_lost_after_commit_retry_on_the_new_leader_returns_the_orig
     let new = c.leader_among(&others, TIMEOUT).await;
 
     // The retry on the new leader returns the original grant (I7)…
-    let retry = c.acquire(&h, new, "lost/1", "lost-holder-0001", 5_000, 0).await.expect("the retry succeeds");
+    let retry = c.acquire(&h, new, "lost/1", "lost-holder-0001", 30_000, 0).await.expect("the retry succeeds");
     assert_eq!((retry.lease_id.as_str(), retry.fencing_token), (lease_id.as_str(), token));
     // …and no second lease exists: another request finds the lock held by it.
     let other = c.acquire(&h, new, "lost/1", "lost-other-0001", 5_000, 0).await.unwrap_err();

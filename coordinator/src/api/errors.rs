@@ -19,7 +19,7 @@ pub fn grpc_code(e: &LockError) -> Code {
         LockError::LockHeld { .. } => Code::Aborted,
         LockError::WaitTimeout => Code::DeadlineExceeded,
         LockError::TooManyWaiters { .. } => Code::ResourceExhausted,
-        LockError::NotHolder | LockError::LeaseExpired | LockError::RequestIdReused { .. } => Code::FailedPrecondition,
+        LockError::NotHolder | LockError::LeaseExpired | LockError::RequestIdReused => Code::FailedPrecondition,
         LockError::NotLeader { .. }
         | LockError::NoQuorum
         | LockError::Unknown(_)
@@ -36,7 +36,7 @@ pub fn http_status(e: &LockError) -> u16 {
         LockError::LockHeld { .. } => 409,
         LockError::WaitTimeout => 408,
         LockError::TooManyWaiters { .. } => 429,
-        LockError::NotHolder | LockError::LeaseExpired | LockError::RequestIdReused { .. } => 412,
+        LockError::NotHolder | LockError::LeaseExpired | LockError::RequestIdReused => 412,
         LockError::NotLeader { .. }
         | LockError::NoQuorum
         | LockError::Unknown(_)
@@ -64,9 +64,6 @@ pub(crate) fn metadata(e: &LockError) -> HashMap<String, String> {
         }
         LockError::TooManyWaiters { limit } => {
             m.insert("limit".into(), limit.to_string());
-        }
-        LockError::RequestIdReused { first_resource } => {
-            m.insert("first_resource".into(), first_resource.clone());
         }
         LockError::Invalid(f) => {
             m.insert("field".into(), f.field().into());

@@ -161,10 +161,7 @@ pub enum Rejection {
     /// The lease expired or was force-released.
     LeaseExpired,
     /// The request id was first used for another resource.
-    RequestIdReused {
-        /// The resource it was first used for.
-        first_resource: ResourceName,
-    },
+    RequestIdReused,
     /// The request waited and its wait was cancelled before it was granted.
     WaitCancelled,
 }
@@ -328,22 +325,42 @@ pub enum DedupOutcome {
     WaitCancelled,
 }
 
-/// A dedup record: the resource and outcome of a request id.
+/// A dedup record: the outcome of a request id. Kept compact (one is kept
+/// per acquire for the retention period): the resource is remembered only as
+/// a [`ResourceHash`], enough to refuse a request id reused elsewhere.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DedupRecord {
-    /// The resource the request id was used for.
-    pub resource: ResourceName,
+    /// Which resource the request id was used for.
+    pub resource: ResourceHash,
     /// What it led to.
     pub outcome: DedupOutcome,
-    /// Leader wall time when first seen.
+    /// Leader wall time of the entry that last changed the outcome (first
+    /// seen, promoted or cancelled); retention counts from it.
     pub at_ms: u64,
+}
+
+/// A stable 64-bit FNV-1a hash of a resource name: the same on every node and
+/// every version, so it may be persisted and replicated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ResourceHash(pub u64);
+
+impl ResourceHash {
+    /// Hashes a resource name.
+    pub fn of(name: &ResourceName) -> Self {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in name.as_str().bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        Self(h)
+    }
 }
 
 /// Remembers how a lease ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndedLease {
     /// Its resource.
-    pub resource: ResourceName,
+    pub resource: ResourceHash,
     /// How it ended.
     pub reason: EndReason,
     /// Index of the entry that ended it.
@@ -553,7 +570,7 @@ impl LockState {
                 }
                 Outcome::Expired { expired: current }
             }
-            Command::CancelWait { resource, request_id } => self.cancel_wait(resource, request_id, &mut events),
+            Command::CancelWait { resource, request_id } => self.cancel_wait(at_ms, resource, request_id, &mut events),
             Command::ForceRelease { resource } => {
                 let token = self.current_lock(resource).map(|l| l.token);
                 if token.is_some() {
@@ -642,15 +659,16 @@ impl LockState {
         } else {
             self.changes.resources.insert(resource.clone());
         }
-        self.dedup.insert(request_id.clone(), DedupRecord { resource: resource.clone(), outcome: dedup, at_ms });
+        self.dedup
+            .insert(request_id.clone(), DedupRecord { resource: ResourceHash::of(resource), outcome: dedup, at_ms });
         self.changes.dedup_put.insert(request_id.clone());
         outcome
     }
 
     /// The original outcome of a retried request id (I7).
     fn replay(&self, request_id: &RequestId, record: &DedupRecord, resource: &ResourceName) -> Outcome {
-        if &record.resource != resource {
-            return Outcome::Rejected(Rejection::RequestIdReused { first_resource: record.resource.clone() });
+        if record.resource != ResourceHash::of(resource) {
+            return Outcome::Rejected(Rejection::RequestIdReused);
         }
         match &record.outcome {
             DedupOutcome::Granted { lease_id, token, ttl_ms, waited } => Outcome::Granted(Grant {
@@ -682,7 +700,9 @@ impl LockState {
 
     fn not_current(&self, resource: &ResourceName, lease_id: &LeaseId) -> Rejection {
         match self.ended.get(lease_id) {
-            Some(e) if e.reason != EndReason::Released && &e.resource == resource => Rejection::LeaseExpired,
+            Some(e) if e.reason != EndReason::Released && e.resource == ResourceHash::of(resource) => {
+                Rejection::LeaseExpired
+            }
             _ => Rejection::NotHolder,
         }
     }
@@ -715,7 +735,7 @@ impl LockState {
         }
         match self.ended.get(lease_id) {
             // A retried release of a lease that was released: already done.
-            Some(e) if e.reason == EndReason::Released && &e.resource == resource => {
+            Some(e) if e.reason == EndReason::Released && e.resource == ResourceHash::of(resource) => {
                 Outcome::Released { was_holder: false }
             }
             _ => Outcome::Rejected(self.not_current(resource, lease_id)),
@@ -735,7 +755,7 @@ impl LockState {
         let Some(state) = self.resources.get_mut(resource) else { return };
         let Some(old) = state.lock.take() else { return };
         self.lock_count -= 1;
-        self.ended.insert(old.lease_id, EndedLease { resource: resource.clone(), reason, index, at_ms });
+        self.ended.insert(old.lease_id, EndedLease { resource: ResourceHash::of(resource), reason, index, at_ms });
         self.changes.ended_put.insert(old.lease_id);
         self.changes.ended_del.remove(&old.lease_id);
         events.push(Event::LeaseEnded { resource: resource.clone(), lease_id: old.lease_id, token: old.token, reason });
@@ -755,6 +775,7 @@ impl LockState {
             if let Some(rec) = self.dedup.get_mut(&next.request_id) {
                 rec.outcome =
                     DedupOutcome::Granted { lease_id: next.lease_id, token, ttl_ms: next.ttl_ms, waited: true };
+                rec.at_ms = at_ms;
                 self.changes.dedup_put.insert(next.request_id.clone());
             }
             events.push(Event::LeaseStarted {
@@ -772,7 +793,13 @@ impl LockState {
         self.changes.resources.insert(resource.clone());
     }
 
-    fn cancel_wait(&mut self, resource: &ResourceName, request_id: &RequestId, events: &mut Vec<Event>) -> Outcome {
+    fn cancel_wait(
+        &mut self,
+        at_ms: u64,
+        resource: &ResourceName,
+        request_id: &RequestId,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
         if let Some(state) = self.resources.get_mut(resource)
             && let Some(pos) = state.waiters.iter().position(|w| &w.request_id == request_id)
         {
@@ -784,6 +811,7 @@ impl LockState {
             self.changes.resources.insert(resource.clone());
             if let Some(rec) = self.dedup.get_mut(request_id) {
                 rec.outcome = DedupOutcome::WaitCancelled;
+                rec.at_ms = at_ms;
                 self.changes.dedup_put.insert(request_id.clone());
             }
             events.push(Event::WaiterCancelled { resource: resource.clone(), request_id: request_id.clone() });
@@ -794,7 +822,7 @@ impl LockState {
                 resource: r,
                 outcome: DedupOutcome::Granted { lease_id, token, ttl_ms, waited },
                 ..
-            }) if r == resource => Outcome::WaitCancel(CancelOutcome::AlreadyGranted(Grant {
+            }) if *r == ResourceHash::of(resource) => Outcome::WaitCancel(CancelOutcome::AlreadyGranted(Grant {
                 resource: resource.clone(),
                 lease_id: *lease_id,
                 token: *token,

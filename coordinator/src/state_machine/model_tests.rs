@@ -24,9 +24,7 @@ impl Model {
                 let (rid, res) = (request_id.as_str().to_string(), resource.as_str().to_string());
                 if let Some((first, out)) = self.dedup.get(&rid) {
                     if *first != res {
-                        return Outcome::Rejected(Rejection::RequestIdReused {
-                            first_resource: ResourceName::new(first.clone()).unwrap(),
-                        });
+                        return Outcome::Rejected(Rejection::RequestIdReused);
                     }
                     return match out {
                         DedupOutcome::Granted { lease_id, token, ttl_ms, waited } => Outcome::Granted(Grant {
@@ -427,4 +425,34 @@ fn prune_forgets_old_records_but_keeps_queued_ones() {
     assert!(sm.dedup(&req(2)).is_some(), "the queued request keeps its record");
     let changes = sm.take_changes();
     assert!(changes.dedup_del.contains(&req(1)));
+}
+
+#[test]
+fn a_promoted_request_keeps_its_record_for_the_retention_after_its_promotion() {
+    let mut sm = LockState::new();
+    let acq = |r: u8, wait: bool, at_ms: u64, idx: u64| LogCommand {
+        at_ms,
+        cmd: Command::Acquire {
+            request_id: req(r),
+            resource: res(0),
+            holder: Holder::default(),
+            ttl_ms: 1000,
+            wait,
+            lease_id: LeaseId::from_u128(u128::from(idx)),
+            max_waiters: 5,
+        },
+    };
+    sm.apply(1, &acq(1, false, 100, 1));
+    sm.apply(2, &acq(2, true, 100, 2));
+    // Promoted long after it queued (a waiter can queue for minutes).
+    sm.apply(
+        3,
+        &LogCommand { at_ms: 10_000, cmd: Command::Release { resource: res(0), lease_id: LeaseId::from_u128(1) } },
+    );
+    // A prune with a cut-off after the queueing but before the promotion keeps
+    // the promoted request's record, so its retry still gets the grant (I7).
+    sm.apply(4, &LogCommand { at_ms: 10_001, cmd: Command::PruneDedup { older_than_ms: 5_000 } });
+    assert!(sm.dedup(&req(1)).is_none());
+    let out = sm.apply(5, &acq(2, true, 10_002, 99)).outcome;
+    assert!(matches!(out, Outcome::Granted(Grant { token: FencingToken(3), waited: true, .. })), "{out:?}");
 }

@@ -41,6 +41,9 @@ const KEY_PURGED: &str = "last_purged";
 
 /// Flushed entries kept in memory for replication reads, beyond unflushed ones.
 const CACHE_FLUSHED_ENTRIES: usize = 16_384;
+/// redb's page cache for the log file (its default is 1 GiB). Replication
+/// reads recent entries from the in-memory cache above, so this stays small.
+pub(crate) const LOG_CACHE_BYTES: usize = 32 << 20;
 /// Most operations one group commit covers.
 const MAX_GROUP: usize = 4_096;
 
@@ -94,7 +97,10 @@ impl LogStore {
     /// Opens (or creates) the log file at `path` and starts its flusher thread.
     /// Blocking: call it from `spawn_blocking` or before the runtime is busy.
     pub fn open(path: &Path, metrics: Arc<Metrics>) -> io::Result<Self> {
-        let db = Database::create(path).map_err(|e| io_err(&format!("open raft log {}", path.display()), e))?;
+        let db = Database::builder()
+            .set_cache_size(LOG_CACHE_BYTES)
+            .create(path)
+            .map_err(|e| io_err(&format!("open raft log {}", path.display()), e))?;
         let db = Arc::new(db);
         let (vote, committed, last_purged, last_log_id) = read_saved(&db)?;
         let flushed_upto = last_log_id.as_ref().map(|l| l.index);

@@ -39,7 +39,10 @@ const SM_META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("sm_meta"
 
 const KEY_APPLIED: &str = "applied";
 const KEY_MEMBERSHIP: &str = "membership";
-const SNAPSHOT_FORMAT: u32 = 1;
+const SNAPSHOT_FORMAT: u32 = 2;
+/// redb's page cache for the state file (its default is 1 GiB). The state is
+/// served from memory; redb's cache only speeds up batch commits.
+pub(crate) const STATE_CACHE_BYTES: usize = 32 << 20;
 
 /// Told about every applied entry, on the applying thread, in log order.
 pub trait ApplyObserver: Send + Sync + 'static {
@@ -103,7 +106,10 @@ impl StateMachineStore {
     ) -> io::Result<Self> {
         std::fs::create_dir_all(snapshot_dir)
             .map_err(|e| io_err(&format!("create snapshot dir {}", snapshot_dir.display()), e))?;
-        let db = Database::create(path).map_err(|e| io_err(&format!("open state file {}", path.display()), e))?;
+        let db = Database::builder()
+            .set_cache_size(STATE_CACHE_BYTES)
+            .create(path)
+            .map_err(|e| io_err(&format!("open state file {}", path.display()), e))?;
         {
             let w = db.begin_write().map_err(|e| io_err("begin", e))?;
             w.open_table(RESOURCES).map_err(|e| io_err("open resources", e))?;
@@ -154,25 +160,54 @@ impl StateMachineStore {
     }
 }
 
-fn load(db: &Database) -> io::Result<(LockState, Option<LogIdT>, Membership)> {
-    let r = db.begin_read().map_err(|e| io_err("begin read", e))?;
-    let mut resources = BTreeMap::new();
+/// The three state tables, values still encoded: what a snapshot carries.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct TableDump {
+    resources: Vec<(String, Vec<u8>)>,
+    dedup: Vec<(String, Vec<u8>)>,
+    ended: Vec<(u128, Vec<u8>)>,
+}
+
+/// Reads every state table from one consistent read transaction.
+fn dump_tables(r: &redb::ReadTransaction) -> io::Result<TableDump> {
+    let mut dump = TableDump::default();
     for item in r.open_table(RESOURCES).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
         let (k, v) = item.map_err(|e| io_err("read resources", e))?;
-        let name = ResourceName::new(k.value()).map_err(|e| io_err("stored resource name", e))?;
-        resources.insert(name, decode(v.value(), "resource state")?);
+        dump.resources.push((k.value().to_string(), v.value().to_vec()));
     }
-    let mut dedup = HashMap::new();
     for item in r.open_table(DEDUP).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
         let (k, v) = item.map_err(|e| io_err("read dedup", e))?;
-        let id = RequestId::new(k.value()).map_err(|e| io_err("stored request id", e))?;
-        dedup.insert(id, decode(v.value(), "dedup record")?);
+        dump.dedup.push((k.value().to_string(), v.value().to_vec()));
     }
-    let mut ended = HashMap::new();
     for item in r.open_table(ENDED).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
         let (k, v) = item.map_err(|e| io_err("read ended", e))?;
-        ended.insert(LeaseId::from_u128(k.value()), decode(v.value(), "ended lease")?);
+        dump.ended.push((k.value(), v.value().to_vec()));
     }
+    Ok(dump)
+}
+
+/// Decodes a dump into a lock state, validating every name and record.
+fn state_from_dump(dump: &TableDump) -> io::Result<LockState> {
+    let mut resources = BTreeMap::new();
+    for (k, v) in &dump.resources {
+        let name = ResourceName::new(k.as_str()).map_err(|e| io_err("stored resource name", e))?;
+        resources.insert(name, decode(v, "resource state")?);
+    }
+    let mut dedup = HashMap::with_capacity(dump.dedup.len());
+    for (k, v) in &dump.dedup {
+        let id = RequestId::new(k.as_str()).map_err(|e| io_err("stored request id", e))?;
+        dedup.insert(id, decode(v, "dedup record")?);
+    }
+    let mut ended = HashMap::with_capacity(dump.ended.len());
+    for (k, v) in &dump.ended {
+        ended.insert(LeaseId::from_u128(*k), decode(v, "ended lease")?);
+    }
+    Ok(LockState::from_parts(resources, dedup, ended))
+}
+
+fn load(db: &Database) -> io::Result<(LockState, Option<LogIdT>, Membership)> {
+    let r = db.begin_read().map_err(|e| io_err("begin read", e))?;
+    let state = state_from_dump(&dump_tables(&r)?)?;
     let meta = r.open_table(SM_META).map_err(|e| io_err("open", e))?;
     let applied = match meta.get(KEY_APPLIED).map_err(|e| io_err("read applied", e))? {
         Some(v) => Some(decode(v.value(), "applied log id")?),
@@ -182,7 +217,7 @@ fn load(db: &Database) -> io::Result<(LockState, Option<LogIdT>, Membership)> {
         Some(v) => decode(v.value(), "membership")?,
         None => Membership::default(),
     };
-    Ok((LockState::from_parts(resources, dedup, ended), applied, membership))
+    Ok((state, applied, membership))
 }
 
 /// The encoded values of the keys a batch changed, gathered under the state lock.
@@ -435,30 +470,40 @@ fn write_snapshot_file(dir: &Path, meta: &SnapshotMeta, state: Vec<u8>) -> io::R
     Ok(bytes.len())
 }
 
+/// Builds a snapshot without stalling applies: under the batch lock it only
+/// makes the state file durable and pins a read transaction at exactly the
+/// applied index; reading, encoding and writing the file happen outside it,
+/// from redb's MVCC view, while new batches keep being applied.
 fn build(shared: &Shared) -> io::Result<Snapshot> {
     let started = shared.clock.now();
-    // Hold the batch order so no apply runs between reading the state and
-    // making the state file durable at exactly this point.
-    let _order = shared.write_order.lock().unwrap_or_else(|p| p.into_inner());
-    let (state_bytes, meta) = {
-        let state = read_lock(&shared.state);
+    let (meta, view) = {
+        let _order = shared.write_order.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tx = shared.db.begin_write().map_err(|e| io_err("begin", e))?;
+        tx.set_durability(Durability::Immediate).map_err(|e| io_err("durability", e))?;
+        tx.commit().map_err(|e| io_err("commit state", e))?;
         let applied = shared.applied.lock().unwrap_or_else(|p| p.into_inner());
         let meta = SnapshotMeta { last_log_id: applied.0, last_membership: applied.1.clone() };
-        (encode(&*state)?, meta)
+        (meta, shared.db.begin_read().map_err(|e| io_err("begin read", e))?)
     };
-    let mut tx = shared.db.begin_write().map_err(|e| io_err("begin", e))?;
-    tx.set_durability(Durability::Immediate).map_err(|e| io_err("durability", e))?;
-    tx.commit().map_err(|e| io_err("commit state", e))?;
-    let size = write_snapshot_file(&shared.snapshot_dir, &meta, state_bytes.clone())?;
+    let stalled = started.elapsed();
+    let body = encode(&dump_tables(&view)?)?;
+    drop(view);
+    let size = write_snapshot_file(&shared.snapshot_dir, &meta, body.clone())?;
     shared.metrics.snapshot_bytes.set(size as i64);
     shared.metrics.snapshot_build_seconds.observe(started.elapsed().as_secs_f64());
-    tracing::info!(index = ?meta.last_log_id.as_ref().map(|l| l.index), bytes = size, "built snapshot");
-    Ok(Snapshot { meta, snapshot: Cursor::new(state_bytes) })
+    tracing::info!(
+        index = ?meta.last_log_id.as_ref().map(|l| l.index),
+        bytes = size,
+        apply_pause_ms = stalled.as_millis() as u64,
+        total_ms = started.elapsed().as_millis() as u64,
+        "built snapshot"
+    );
+    Ok(Snapshot { meta, snapshot: Cursor::new(body) })
 }
 
 fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Result<()> {
-    let mut new_state: LockState = decode(&bytes, "snapshot state")?;
-    new_state.take_changes();
+    let dump: TableDump = decode(&bytes, "snapshot")?;
+    let new_state = state_from_dump(&dump)?;
     let _order = shared.write_order.lock().unwrap_or_else(|p| p.into_inner());
     // Rewrite every table from the snapshot in one durable transaction.
     let mut tx = shared.db.begin_write().map_err(|e| io_err("begin", e))?;
@@ -466,18 +511,18 @@ fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Result<()
     {
         let mut t = tx.open_table(RESOURCES).map_err(|e| io_err("open", e))?;
         t.retain(|_, _| false).map_err(|e| io_err("clear resources", e))?;
-        for (name, r) in new_state.resources() {
-            t.insert(name.as_str(), encode(r)?.as_slice()).map_err(|e| io_err("write resource", e))?;
+        for (k, v) in &dump.resources {
+            t.insert(k.as_str(), v.as_slice()).map_err(|e| io_err("write resource", e))?;
         }
         let mut t = tx.open_table(DEDUP).map_err(|e| io_err("open", e))?;
         t.retain(|_, _| false).map_err(|e| io_err("clear dedup", e))?;
-        for (id, r) in new_state.dedup_records() {
-            t.insert(id.as_str(), encode(r)?.as_slice()).map_err(|e| io_err("write dedup", e))?;
+        for (k, v) in &dump.dedup {
+            t.insert(k.as_str(), v.as_slice()).map_err(|e| io_err("write dedup", e))?;
         }
         let mut t = tx.open_table(ENDED).map_err(|e| io_err("open", e))?;
         t.retain(|_, _| false).map_err(|e| io_err("clear ended", e))?;
-        for (id, r) in new_state.ended_records() {
-            t.insert(id.to_u128(), encode(r)?.as_slice()).map_err(|e| io_err("write ended", e))?;
+        for (k, v) in &dump.ended {
+            t.insert(*k, v.as_slice()).map_err(|e| io_err("write ended", e))?;
         }
         let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
         match &meta.last_log_id {

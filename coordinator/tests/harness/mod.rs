@@ -144,7 +144,9 @@ impl Cluster {
             c.faults = Some(net.clone());
             let mut policy = Policy::for_election_timeout(ELECTION_MAX);
             policy.write_timeout = Duration::from_secs(2);
-            policy.unclaimed_slot_grace = Duration::from_secs(2);
+            // Long enough for a retry to reclaim its slot on a loaded 2-core machine,
+            // short enough for the cancellation test to see it happen.
+            policy.unclaimed_slot_grace = Duration::from_secs(5);
             c.policy = Some(policy);
             tweak(&mut c);
             configs.insert(*id, c);
