@@ -6,6 +6,12 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+/// mimalloc instead of glibc malloc: under a coordinator's many-threaded load
+/// glibc's per-thread arenas fragmented to 2-4x the live heap (fencer bench:
+/// 400 MB RSS for a 100 MB heap); mimalloc returns freed memory promptly.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod cmd;
 mod exit;
 mod output;

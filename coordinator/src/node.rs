@@ -312,7 +312,7 @@ impl Node {
             install_snapshot_timeout: 10_000,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
             max_in_snapshot_log_to_keep: 10_000.min(config.snapshot_every),
-            purge_batch_size: 1024,
+            purge_batch_size: (config.snapshot_every / 4).clamp(1, 1024),
             max_payload_entries: 1024,
             ..Default::default()
         }

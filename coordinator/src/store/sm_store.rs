@@ -82,12 +82,13 @@ pub struct StateMachineStore {
     shared: Arc<Shared>,
 }
 
-/// The snapshot file: meta and state, so `get_current_snapshot` needs nothing else.
+/// The snapshot file's header. The file is `[u32 LE header length][header][state]`,
+/// so `get_current_snapshot` needs nothing else and the state is written
+/// without another copy.
 #[derive(Serialize, Deserialize)]
-struct SnapshotFile {
+struct SnapshotHeader {
     format: u32,
     meta: SnapshotMeta,
-    state: Vec<u8>,
 }
 
 fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -409,12 +410,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let dir = self.shared.snapshot_dir.clone();
         tokio::task::spawn_blocking(move || {
             let Some(path) = latest_snapshot(&dir)? else { return Ok(None) };
-            let bytes = std::fs::read(&path).map_err(|e| io_err(&format!("read {}", path.display()), e))?;
-            let file: SnapshotFile = decode(&bytes, "snapshot file")?;
-            if file.format != SNAPSHOT_FORMAT {
-                return Err(io_err("snapshot", format!("unknown format {} in {}", file.format, path.display())));
+            let mut bytes = std::fs::read(&path).map_err(|e| io_err(&format!("read {}", path.display()), e))?;
+            let damaged = || io_err("snapshot", format!("{} is truncated or damaged", path.display()));
+            let len =
+                bytes.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize).ok_or_else(damaged)?;
+            let header: SnapshotHeader = decode(bytes.get(4..4 + len).ok_or_else(damaged)?, "snapshot header")?;
+            if header.format != SNAPSHOT_FORMAT {
+                return Err(io_err("snapshot", format!("unknown format {} in {}", header.format, path.display())));
             }
-            Ok(Some(Snapshot { meta: file.meta, snapshot: Cursor::new(file.state) }))
+            let state = bytes.split_off(4 + len);
+            Ok(Some(Snapshot { meta: header.meta, snapshot: Cursor::new(state) }))
         })
         .await
         .map_err(|e| io_err("snapshot task", e))?
@@ -448,14 +453,17 @@ fn latest_snapshot(dir: &Path) -> io::Result<Option<PathBuf>> {
 
 /// Writes the snapshot file atomically (temp file, fsync, rename, fsync dir)
 /// and removes older ones.
-fn write_snapshot_file(dir: &Path, meta: &SnapshotMeta, state: Vec<u8>) -> io::Result<usize> {
+fn write_snapshot_file(dir: &Path, meta: &SnapshotMeta, state: &[u8]) -> io::Result<usize> {
     let index = meta.last_log_id.as_ref().map_or(0, |l| l.index);
-    let bytes = encode(&SnapshotFile { format: SNAPSHOT_FORMAT, meta: meta.clone(), state })?;
+    let header = encode(&SnapshotHeader { format: SNAPSHOT_FORMAT, meta: meta.clone() })?;
     let final_path = dir.join(snapshot_name(index));
     let tmp = dir.join(format!("{}.tmp", snapshot_name(index)));
     {
         let mut f = std::fs::File::create(&tmp).map_err(|e| io_err(&format!("create {}", tmp.display()), e))?;
-        f.write_all(&bytes).map_err(|e| io_err(&format!("write {}", tmp.display()), e))?;
+        let mut write = |b: &[u8]| f.write_all(b).map_err(|e| io_err(&format!("write {}", tmp.display()), e));
+        write(&(header.len() as u32).to_le_bytes())?;
+        write(&header)?;
+        write(state)?;
         f.sync_all().map_err(|e| io_err(&format!("fsync {}", tmp.display()), e))?;
     }
     std::fs::rename(&tmp, &final_path).map_err(|e| io_err("rename snapshot", e))?;
@@ -467,7 +475,7 @@ fn write_snapshot_file(dir: &Path, meta: &SnapshotMeta, state: Vec<u8>) -> io::R
             let _ = std::fs::remove_file(&path);
         }
     }
-    Ok(bytes.len())
+    Ok(4 + header.len() + state.len())
 }
 
 /// Builds a snapshot without stalling applies: under the batch lock it only
@@ -488,7 +496,7 @@ fn build(shared: &Shared) -> io::Result<Snapshot> {
     let stalled = started.elapsed();
     let body = encode(&dump_tables(&view)?)?;
     drop(view);
-    let size = write_snapshot_file(&shared.snapshot_dir, &meta, body.clone())?;
+    let size = write_snapshot_file(&shared.snapshot_dir, &meta, &body)?;
     shared.metrics.snapshot_bytes.set(size as i64);
     shared.metrics.snapshot_build_seconds.observe(started.elapsed().as_secs_f64());
     tracing::info!(
@@ -534,7 +542,7 @@ fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Result<()
             .map_err(|e| io_err("write membership", e))?;
     }
     tx.commit().map_err(|e| io_err("commit installed snapshot", e))?;
-    write_snapshot_file(&shared.snapshot_dir, &meta, bytes)?;
+    write_snapshot_file(&shared.snapshot_dir, &meta, &bytes)?;
     {
         let mut state = shared.state.write().unwrap_or_else(|p| p.into_inner());
         *state = new_state;
