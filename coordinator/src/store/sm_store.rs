@@ -1,18 +1,25 @@
 //! The state-machine store (DESIGN §3.4): the lock state lives in memory for
-//! fast reads and applies, and every applied batch is written to its own redb
-//! file — the changed keys, the last applied log id and the membership in one
-//! transaction, so state and dedup table never disagree with `applied`.
+//! fast reads and applies; a dedicated persister thread writes every applied
+//! batch to its own redb file — the changed keys, the last applied log id and
+//! the membership in one transaction, so state and dedup table never disagree
+//! with `applied`.
 //!
-//! Batch commits use `Durability::None` (the raft log is already durable and a
-//! crash replays the tail deterministically); one commit per second, and every
-//! snapshot, is made with `Durability::Immediate`, so a snapshot never covers
-//! state that the disk does not hold before raft purges the log behind it.
-//! All redb work runs on blocking threads.
+//! Applying is in memory and answers at once; persisting follows in log
+//! order, several batches per transaction when busy. That is safe because the
+//! raft log is the durable record: after a crash the state file holds some
+//! consistent prefix and openraft re-applies the tail (apply is
+//! deterministic). Batch commits use `Durability::None`, one per second and
+//! every snapshot `Durability::Immediate`, so a snapshot never covers state
+//! the disk does not hold before raft purges the log behind it. A persister
+//! failure is sticky: the next apply returns it and raft stops, rather than
+//! let the file skip a batch. No redb call runs on an async worker thread.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Cursor, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+
+use tokio::sync::{mpsc, oneshot};
 
 use futures::{Stream, TryStreamExt};
 use openraft::entry::RaftEntry;
@@ -61,19 +68,33 @@ impl ApplyObserver for NoObserver {
 }
 
 struct Shared {
-    db: Database,
     state: RwLock<LockState>,
     applied: Mutex<(Option<LogIdT>, Membership)>,
     snapshot_dir: PathBuf,
-    /// Serialises batches so their redb commits happen in apply order.
-    write_order: Mutex<DurabilityClock>,
+    /// Orders to the persister thread, in apply order.
+    persist: mpsc::Sender<PersistOp>,
+    /// The persister's first failure; once set, applies fail.
+    failed: Arc<Mutex<Option<String>>>,
     observer: Arc<dyn ApplyObserver>,
     metrics: Arc<Metrics>,
     clock: Clock,
 }
 
-struct DurabilityClock {
-    last_immediate_ms: u64,
+/// Batches queued for the persister before applies wait for it.
+const PERSIST_QUEUE: usize = 1024;
+/// Most batches one persister transaction merges.
+const PERSIST_GROUP: usize = 256;
+
+/// Work for the persister thread.
+enum PersistOp {
+    /// Write a batch's changed keys and applied id (merged with neighbours).
+    Batch { writes: Writes, applied: LogIdT, membership: Option<Membership> },
+    /// Make everything so far durable.
+    Sync { done: oneshot::Sender<io::Result<()>> },
+    /// Make everything so far durable and dump the tables at that point.
+    Snapshot { done: oneshot::Sender<io::Result<(SnapshotMeta, TableDump)>> },
+    /// Replace every table with a snapshot's.
+    Replace { meta: SnapshotMeta, dump: Arc<TableDump>, done: oneshot::Sender<io::Result<()>> },
 }
 
 /// The redb-backed [`RaftStateMachine`]. Clones share one state.
@@ -122,14 +143,27 @@ impl StateMachineStore {
         let (state, applied, membership) = load(&db)?;
         metrics.locks_held.set(state.lock_count() as i64);
         metrics.waiters.set(state.waiter_count() as i64);
-        let now_ms = clock.wall_ms();
+        let (persist, rx) = mpsc::channel(PERSIST_QUEUE);
+        let failed = Arc::new(Mutex::new(None));
+        let persister = Persister {
+            db,
+            failed: failed.clone(),
+            clock,
+            applied,
+            membership: membership.clone(),
+            last_immediate_ms: clock.wall_ms(),
+        };
+        std::thread::Builder::new()
+            .name("fencer-state-persist".into())
+            .spawn(move || persister.run(rx))
+            .map_err(|e| io_err("spawn state persister", e))?;
         Ok(Self {
             shared: Arc::new(Shared {
-                db,
                 state: RwLock::new(state),
                 applied: Mutex::new((applied, membership)),
                 snapshot_dir: snapshot_dir.to_path_buf(),
-                write_order: Mutex::new(DurabilityClock { last_immediate_ms: now_ms }),
+                persist,
+                failed,
                 observer,
                 metrics,
                 clock,
@@ -149,15 +183,25 @@ impl StateMachineStore {
 
     /// Makes everything applied so far durable.
     pub async fn sync(&self) -> io::Result<()> {
-        let shared = self.shared.clone();
-        tokio::task::spawn_blocking(move || {
-            let _order = shared.write_order.lock().unwrap_or_else(|p| p.into_inner());
-            let mut w = shared.db.begin_write().map_err(|e| io_err("begin", e))?;
-            w.set_durability(Durability::Immediate).map_err(|e| io_err("durability", e))?;
-            w.commit().map_err(|e| io_err("commit state", e))
-        })
-        .await
-        .map_err(|e| io_err("sync task", e))?
+        let (done, rx) = oneshot::channel();
+        self.shared.send(PersistOp::Sync { done }).await?;
+        rx.await.map_err(|_| persister_gone())?
+    }
+}
+
+fn persister_gone() -> io::Error {
+    io::Error::other("the state persister has stopped")
+}
+
+impl Shared {
+    /// Hands work to the persister, waiting while its queue is full.
+    async fn send(&self, op: PersistOp) -> io::Result<()> {
+        self.persist.send(op).await.map_err(|_| persister_gone())
+    }
+
+    fn failure(&self) -> Option<io::Error> {
+        let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.as_ref().map(|m| io_err("the state file could not be written", m))
     }
 }
 
@@ -252,48 +296,212 @@ fn gather(state: &LockState, changes: Changes) -> io::Result<Writes> {
     Ok(w)
 }
 
-fn write_batch(
-    db: &Database,
+/// Writes a batch's changes into an open transaction.
+fn write_changes(
+    tx: &redb::WriteTransaction,
     writes: &Writes,
-    applied: &[u8],
-    membership: Option<&[u8]>,
-    durable: bool,
+    applied: &LogIdT,
+    membership: Option<&Membership>,
 ) -> io::Result<()> {
-    let mut tx = db.begin_write().map_err(|e| io_err("begin state write", e))?;
-    tx.set_durability(if durable { Durability::Immediate } else { Durability::None })
-        .map_err(|e| io_err("set durability", e))?;
-    {
-        let mut t = tx.open_table(RESOURCES).map_err(|e| io_err("open", e))?;
-        for (k, v) in &writes.resources {
-            match v {
-                Some(v) => t.insert(k.as_str(), v.as_slice()).map(|_| ()),
-                None => t.remove(k.as_str()).map(|_| ()),
-            }
-            .map_err(|e| io_err("write resource", e))?;
+    let mut t = tx.open_table(RESOURCES).map_err(|e| io_err("open", e))?;
+    for (k, v) in &writes.resources {
+        match v {
+            Some(v) => t.insert(k.as_str(), v.as_slice()).map(|_| ()),
+            None => t.remove(k.as_str()).map(|_| ()),
         }
-        let mut t = tx.open_table(DEDUP).map_err(|e| io_err("open", e))?;
-        for (k, v) in &writes.dedup {
-            match v {
-                Some(v) => t.insert(k.as_str(), v.as_slice()).map(|_| ()),
-                None => t.remove(k.as_str()).map(|_| ()),
-            }
-            .map_err(|e| io_err("write dedup", e))?;
+        .map_err(|e| io_err("write resource", e))?;
+    }
+    let mut t = tx.open_table(DEDUP).map_err(|e| io_err("open", e))?;
+    for (k, v) in &writes.dedup {
+        match v {
+            Some(v) => t.insert(k.as_str(), v.as_slice()).map(|_| ()),
+            None => t.remove(k.as_str()).map(|_| ()),
         }
-        let mut t = tx.open_table(ENDED).map_err(|e| io_err("open", e))?;
-        for (k, v) in &writes.ended {
-            match v {
-                Some(v) => t.insert(*k, v.as_slice()).map(|_| ()),
-                None => t.remove(*k).map(|_| ()),
-            }
-            .map_err(|e| io_err("write ended", e))?;
+        .map_err(|e| io_err("write dedup", e))?;
+    }
+    let mut t = tx.open_table(ENDED).map_err(|e| io_err("open", e))?;
+    for (k, v) in &writes.ended {
+        match v {
+            Some(v) => t.insert(*k, v.as_slice()).map(|_| ()),
+            None => t.remove(*k).map(|_| ()),
         }
-        let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
-        t.insert(KEY_APPLIED, applied).map_err(|e| io_err("write applied", e))?;
-        if let Some(m) = membership {
-            t.insert(KEY_MEMBERSHIP, m).map_err(|e| io_err("write membership", e))?;
+        .map_err(|e| io_err("write ended", e))?;
+    }
+    let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
+    t.insert(KEY_APPLIED, encode(applied)?.as_slice()).map_err(|e| io_err("write applied", e))?;
+    if let Some(m) = membership {
+        t.insert(KEY_MEMBERSHIP, encode(m)?.as_slice()).map_err(|e| io_err("write membership", e))?;
+    }
+    Ok(())
+}
+
+/// The thread that writes applied batches to the state file, in order.
+struct Persister {
+    db: Database,
+    failed: Arc<Mutex<Option<String>>>,
+    clock: Clock,
+    /// What the file holds once the open transaction commits.
+    applied: Option<LogIdT>,
+    membership: Membership,
+    last_immediate_ms: u64,
+}
+
+impl Persister {
+    fn run(mut self, mut rx: mpsc::Receiver<PersistOp>) {
+        while let Some(first) = rx.blocking_recv() {
+            let mut ops = vec![first];
+            while ops.len() < PERSIST_GROUP {
+                match rx.try_recv() {
+                    Ok(op) => ops.push(op),
+                    Err(_) => break,
+                }
+            }
+            let mut open: Option<redb::WriteTransaction> = None;
+            for op in ops {
+                if let Err(e) = self.handle(op, &mut open) {
+                    self.fail(&e);
+                }
+            }
+            if let Some(tx) = open.take()
+                && let Err(e) = self.commit(tx, false)
+            {
+                self.fail(&e);
+            }
+        }
+        // Every store handle is gone: leave the file durable.
+        if self.failed.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+            && let Ok(tx) = self.db.begin_write()
+        {
+            let _ = self.commit(tx, true);
         }
     }
-    tx.commit().map_err(|e| io_err("commit state", e))
+
+    fn fail(&self, e: &io::Error) {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if failed.is_none() {
+            tracing::error!(error = %e, "state file write failed; the node stops applying until restarted");
+            *failed = Some(e.to_string());
+        }
+    }
+
+    fn is_failed(&self) -> Option<io::Error> {
+        let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.as_ref().map(|m| io_err("the state file could not be written earlier", m))
+    }
+
+    /// Commits, durably when asked or when the last durable commit is a second old.
+    fn commit(&mut self, mut tx: redb::WriteTransaction, durable: bool) -> io::Result<()> {
+        let now_ms = self.clock.wall_ms();
+        let durable = durable || now_ms.saturating_sub(self.last_immediate_ms) >= 1_000;
+        tx.set_durability(if durable { Durability::Immediate } else { Durability::None })
+            .map_err(|e| io_err("set durability", e))?;
+        tx.commit().map_err(|e| io_err("commit state", e))?;
+        if durable {
+            self.last_immediate_ms = now_ms;
+        }
+        Ok(())
+    }
+
+    /// Commits the open transaction (if any) durably, or an empty one.
+    fn commit_durable(&mut self, open: &mut Option<redb::WriteTransaction>) -> io::Result<()> {
+        let tx = match open.take() {
+            Some(tx) => tx,
+            None => self.db.begin_write().map_err(|e| io_err("begin", e))?,
+        };
+        self.commit(tx, true)
+    }
+
+    fn handle(&mut self, op: PersistOp, open: &mut Option<redb::WriteTransaction>) -> io::Result<()> {
+        match op {
+            PersistOp::Batch { writes, applied, membership } => {
+                if let Some(e) = self.is_failed() {
+                    return Err(e);
+                }
+                if open.is_none() {
+                    *open = Some(self.db.begin_write().map_err(|e| io_err("begin state write", e))?);
+                }
+                let tx = open.as_ref().expect("just opened");
+                write_changes(tx, &writes, &applied, membership.as_ref())?;
+                self.applied = Some(applied);
+                if let Some(m) = membership {
+                    self.membership = m;
+                }
+                Ok(())
+            }
+            PersistOp::Sync { done } => {
+                let r = self.is_failed().map_or_else(|| self.commit_durable(open), Err);
+                let reply = r.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string()));
+                let _ = done.send(reply);
+                r
+            }
+            PersistOp::Snapshot { done } => {
+                let r = self.is_failed().map_or_else(|| self.dump(open), Err);
+                let (reply, result) = match r {
+                    Ok(v) => (Ok(v), Ok(())),
+                    Err(e) => (Err(io::Error::new(e.kind(), e.to_string())), Err(e)),
+                };
+                let _ = done.send(reply);
+                result
+            }
+            PersistOp::Replace { meta, dump, done } => {
+                let r = self.replace(open, &meta, &dump);
+                let reply = r.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string()));
+                let _ = done.send(reply);
+                r
+            }
+        }
+    }
+
+    /// Durable commit, then the tables as of exactly `self.applied`.
+    fn dump(&mut self, open: &mut Option<redb::WriteTransaction>) -> io::Result<(SnapshotMeta, TableDump)> {
+        self.commit_durable(open)?;
+        let view = self.db.begin_read().map_err(|e| io_err("begin read", e))?;
+        let meta = SnapshotMeta { last_log_id: self.applied, last_membership: self.membership.clone() };
+        Ok((meta, dump_tables(&view)?))
+    }
+
+    fn replace(
+        &mut self,
+        open: &mut Option<redb::WriteTransaction>,
+        meta: &SnapshotMeta,
+        dump: &TableDump,
+    ) -> io::Result<()> {
+        if let Some(tx) = open.take() {
+            self.commit(tx, false)?;
+        }
+        let tx = self.db.begin_write().map_err(|e| io_err("begin", e))?;
+        {
+            let mut t = tx.open_table(RESOURCES).map_err(|e| io_err("open", e))?;
+            t.retain(|_, _| false).map_err(|e| io_err("clear resources", e))?;
+            for (k, v) in &dump.resources {
+                t.insert(k.as_str(), v.as_slice()).map_err(|e| io_err("write resource", e))?;
+            }
+            let mut t = tx.open_table(DEDUP).map_err(|e| io_err("open", e))?;
+            t.retain(|_, _| false).map_err(|e| io_err("clear dedup", e))?;
+            for (k, v) in &dump.dedup {
+                t.insert(k.as_str(), v.as_slice()).map_err(|e| io_err("write dedup", e))?;
+            }
+            let mut t = tx.open_table(ENDED).map_err(|e| io_err("open", e))?;
+            t.retain(|_, _| false).map_err(|e| io_err("clear ended", e))?;
+            for (k, v) in &dump.ended {
+                t.insert(*k, v.as_slice()).map_err(|e| io_err("write ended", e))?;
+            }
+            let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
+            match &meta.last_log_id {
+                Some(l) => t.insert(KEY_APPLIED, encode(l)?.as_slice()).map(|_| ()),
+                None => t.remove(KEY_APPLIED).map(|_| ()),
+            }
+            .map_err(|e| io_err("write applied", e))?;
+            t.insert(KEY_MEMBERSHIP, encode(&meta.last_membership)?.as_slice())
+                .map_err(|e| io_err("write membership", e))?;
+        }
+        self.commit(tx, true)?;
+        // A successful install starts a fresh, consistent file.
+        *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        Ok(())
+    }
 }
 
 /// One entry of a batch, reduced to what apply needs.
@@ -304,9 +512,10 @@ enum Item {
 }
 
 /// Applies a batch: in memory under the write lock, then one redb commit.
-fn apply_batch(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<Vec<Outcome>> {
+/// Applies a batch in memory (CPU only: the state lock, the observer, and
+/// encoding the changed keys) and returns the outcomes and the persister's work.
+fn apply_in_memory(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<(Vec<Outcome>, Option<PersistOp>)> {
     let started = shared.clock.now();
-    let mut order = shared.write_order.lock().unwrap_or_else(|p| p.into_inner());
     let mut outcomes = Vec::with_capacity(items.len());
     let mut last = None;
     let mut membership = None;
@@ -332,7 +541,7 @@ fn apply_batch(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<Vec<Ou
         let changes = state.take_changes();
         gather(&state, changes)?
     };
-    let Some(last) = last else { return Ok(outcomes) };
+    let Some(last) = last else { return Ok((outcomes, None)) };
     {
         let mut applied = shared.applied.lock().unwrap_or_else(|p| p.into_inner());
         applied.0 = Some(last);
@@ -340,17 +549,10 @@ fn apply_batch(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<Vec<Ou
             applied.1 = m.clone();
         }
     }
-    let now_ms = shared.clock.wall_ms();
-    let durable = now_ms.saturating_sub(order.last_immediate_ms) >= 1_000;
-    let membership_bytes = membership.as_ref().map(encode).transpose()?;
-    write_batch(&shared.db, &writes, &encode(&last)?, membership_bytes.as_deref(), durable)?;
-    if durable {
-        order.last_immediate_ms = now_ms;
-    }
     shared.metrics.applied_index.set(last.index as i64);
     shared.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
     shared.metrics.apply_batch_entries.observe(outcomes.len() as f64);
-    Ok(outcomes)
+    Ok((outcomes, Some(PersistOp::Batch { writes, applied: last, membership })))
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
@@ -382,10 +584,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         if items.is_empty() {
             return Ok(());
         }
-        let shared = self.shared.clone();
-        let outcomes = tokio::task::spawn_blocking(move || apply_batch(&shared, items))
-            .await
-            .map_err(|e| io_err("apply task", e))??;
+        if let Some(e) = self.shared.failure() {
+            return Err(e);
+        }
+        let (outcomes, persist) = apply_in_memory(&self.shared, items)?;
+        if let Some(op) = persist {
+            self.shared.send(op).await?;
+        }
         for (responder, outcome) in responders.into_iter().zip(outcomes) {
             if let Some(r) = responder {
                 r.send(outcome);
@@ -399,11 +604,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Self::SnapshotData) -> Result<(), io::Error> {
-        let shared = self.shared.clone();
-        let meta = meta.clone();
-        tokio::task::spawn_blocking(move || install(&shared, meta, snapshot.into_inner()))
-            .await
-            .map_err(|e| io_err("install task", e))?
+        install(&self.shared, meta.clone(), snapshot.into_inner()).await
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
@@ -430,8 +631,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     type SnapshotData = Cursor<Vec<u8>>;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        let shared = self.shared.clone();
-        tokio::task::spawn_blocking(move || build(&shared)).await.map_err(|e| io_err("snapshot task", e))?
+        build(&self.shared).await
     }
 }
 
@@ -478,71 +678,53 @@ fn write_snapshot_file(dir: &Path, meta: &SnapshotMeta, state: &[u8]) -> io::Res
     Ok(4 + header.len() + state.len())
 }
 
-/// Builds a snapshot without stalling applies: under the batch lock it only
-/// makes the state file durable and pins a read transaction at exactly the
-/// applied index; reading, encoding and writing the file happen outside it,
-/// from redb's MVCC view, while new batches keep being applied.
-fn build(shared: &Shared) -> io::Result<Snapshot> {
+/// Builds a snapshot without stalling applies: the persister makes the state
+/// file durable and dumps it at exactly the last persisted batch (applies go
+/// on meanwhile, queueing for the persister); encoding and writing the file
+/// happen on a blocking thread.
+async fn build(shared: &Shared) -> io::Result<Snapshot> {
     let started = shared.clock.now();
-    let (meta, view) = {
-        let _order = shared.write_order.lock().unwrap_or_else(|p| p.into_inner());
-        let mut tx = shared.db.begin_write().map_err(|e| io_err("begin", e))?;
-        tx.set_durability(Durability::Immediate).map_err(|e| io_err("durability", e))?;
-        tx.commit().map_err(|e| io_err("commit state", e))?;
-        let applied = shared.applied.lock().unwrap_or_else(|p| p.into_inner());
-        let meta = SnapshotMeta { last_log_id: applied.0, last_membership: applied.1.clone() };
-        (meta, shared.db.begin_read().map_err(|e| io_err("begin read", e))?)
-    };
-    let stalled = started.elapsed();
-    let body = encode(&dump_tables(&view)?)?;
-    drop(view);
-    let size = write_snapshot_file(&shared.snapshot_dir, &meta, &body)?;
+    let (done, rx) = oneshot::channel();
+    shared.send(PersistOp::Snapshot { done }).await?;
+    let (meta, dump) = rx.await.map_err(|_| persister_gone())??;
+    let dumped = started.elapsed();
+    let dir = shared.snapshot_dir.clone();
+    let file_meta = meta.clone();
+    let (body, size) = tokio::task::spawn_blocking(move || -> io::Result<(Vec<u8>, usize)> {
+        let body = encode(&dump)?;
+        let size = write_snapshot_file(&dir, &file_meta, &body)?;
+        Ok((body, size))
+    })
+    .await
+    .map_err(|e| io_err("snapshot task", e))??;
     shared.metrics.snapshot_bytes.set(size as i64);
     shared.metrics.snapshot_build_seconds.observe(started.elapsed().as_secs_f64());
     tracing::info!(
         index = ?meta.last_log_id.as_ref().map(|l| l.index),
         bytes = size,
-        apply_pause_ms = stalled.as_millis() as u64,
+        dump_ms = dumped.as_millis() as u64,
         total_ms = started.elapsed().as_millis() as u64,
         "built snapshot"
     );
     Ok(Snapshot { meta, snapshot: Cursor::new(body) })
 }
 
-fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Result<()> {
-    let dump: TableDump = decode(&bytes, "snapshot")?;
-    let new_state = state_from_dump(&dump)?;
-    let _order = shared.write_order.lock().unwrap_or_else(|p| p.into_inner());
-    // Rewrite every table from the snapshot in one durable transaction.
-    let mut tx = shared.db.begin_write().map_err(|e| io_err("begin", e))?;
-    tx.set_durability(Durability::Immediate).map_err(|e| io_err("durability", e))?;
-    {
-        let mut t = tx.open_table(RESOURCES).map_err(|e| io_err("open", e))?;
-        t.retain(|_, _| false).map_err(|e| io_err("clear resources", e))?;
-        for (k, v) in &dump.resources {
-            t.insert(k.as_str(), v.as_slice()).map_err(|e| io_err("write resource", e))?;
-        }
-        let mut t = tx.open_table(DEDUP).map_err(|e| io_err("open", e))?;
-        t.retain(|_, _| false).map_err(|e| io_err("clear dedup", e))?;
-        for (k, v) in &dump.dedup {
-            t.insert(k.as_str(), v.as_slice()).map_err(|e| io_err("write dedup", e))?;
-        }
-        let mut t = tx.open_table(ENDED).map_err(|e| io_err("open", e))?;
-        t.retain(|_, _| false).map_err(|e| io_err("clear ended", e))?;
-        for (k, v) in &dump.ended {
-            t.insert(*k, v.as_slice()).map_err(|e| io_err("write ended", e))?;
-        }
-        let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
-        match &meta.last_log_id {
-            Some(l) => t.insert(KEY_APPLIED, encode(l)?.as_slice()).map(|_| ()),
-            None => t.remove(KEY_APPLIED).map(|_| ()),
-        }
-        .map_err(|e| io_err("write applied", e))?;
-        t.insert(KEY_MEMBERSHIP, encode(&meta.last_membership)?.as_slice())
-            .map_err(|e| io_err("write membership", e))?;
-    }
-    tx.commit().map_err(|e| io_err("commit installed snapshot", e))?;
-    write_snapshot_file(&shared.snapshot_dir, &meta, &bytes)?;
+/// Installs a snapshot: validates it, has the persister replace every table,
+/// then swaps the in-memory state.
+async fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Result<()> {
+    let dir = shared.snapshot_dir.clone();
+    let file_meta = meta.clone();
+    let (dump, new_state) = tokio::task::spawn_blocking(move || -> io::Result<(TableDump, LockState)> {
+        let dump: TableDump = decode(&bytes, "snapshot")?;
+        let state = state_from_dump(&dump)?;
+        write_snapshot_file(&dir, &file_meta, &bytes)?;
+        Ok((dump, state))
+    })
+    .await
+    .map_err(|e| io_err("install task", e))??;
+    let (done, rx) = oneshot::channel();
+    shared.send(PersistOp::Replace { meta: meta.clone(), dump: Arc::new(dump), done }).await?;
+    rx.await.map_err(|_| persister_gone())??;
     {
         let mut state = shared.state.write().unwrap_or_else(|p| p.into_inner());
         *state = new_state;
