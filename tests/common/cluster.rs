@@ -6,7 +6,7 @@
 //!
 //! Include it next to `common`: `#[path = "common/cluster.rs"] mod cluster;`.
 //! It shares the history and the invariant checkers of the in-process
-//! harness (`coordinator/tests/harness`).
+//! harness (`tests/history/`).
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
 use std::collections::BTreeMap;
@@ -19,10 +19,10 @@ use tokio::time::Instant;
 
 use super::common::{Proc, signal, spawn};
 
-#[path = "../../coordinator/tests/harness/history.rs"]
-pub mod history;
-#[path = "../../coordinator/tests/harness/invariants/mod.rs"]
+/// The history and its invariant checkers (`tests/history/`).
+#[path = "../history/mod.rs"]
 pub mod invariants;
+pub use self::invariants::history;
 
 /// Heartbeat of test clusters (`--heartbeat`).
 pub const HEARTBEAT: &str = "50ms";
