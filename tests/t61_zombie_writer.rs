@@ -1,7 +1,7 @@
 //! The zombie writer, end to end with real processes (DESIGN §8, the
 //! promise of the whole product):
 //!
-//! 1. client A (its own process) acquires `hot/zombie` with token t1 and
+//! 1. client A (its own process) acquires `res/zombie` with token t1 and
 //!    checks that its lease is held, about to write;
 //! 2. A is SIGSTOPped (by PID) for longer than its ttl — a GC pause, a
 //!    stalled VM — so its lease expires on the cluster;
@@ -137,7 +137,7 @@ async fn zombie_scenario(db: Database, dir: &std::path::Path) {
             "balance,account=alice value={value} 1700000000",
         ),
     };
-    let resource = "hot/zombie";
+    let resource = "res/zombie";
     let proxy = ProxyProc::start(dir.join("proxy"), &upstream_url, routes).await;
     let cluster = ProcCluster::start(3).await;
     let endpoints = cluster.endpoints();

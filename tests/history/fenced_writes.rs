@@ -39,29 +39,56 @@ impl UpstreamEvent {
 
 pub fn check(ops: &[Op], upstream: &[UpstreamEvent]) -> Vec<Violation> {
     let mut out = Vec::new();
-    // Which resource a token was written to, and the writes of each token.
-    let mut resource_of: BTreeMap<u64, &str> = BTreeMap::new();
+    // Which resources a token was written to, and the writes of each token.
+    // Tokens are unique across resources; if a broken build reused one, an
+    // event that does not name its resource cannot be placed (I2 reports
+    // the reuse) and is skipped here.
+    let mut resources_of: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
+    let mut resource_of_write: BTreeMap<&str, &str> = BTreeMap::new();
     let mut writes_of: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
     for (i, op) in ops.iter().enumerate() {
-        if let Call::Write { resource, token, .. } = &op.call {
-            resource_of.insert(*token, resource);
+        if let Call::Write { resource, token, write_id } = &op.call {
+            resources_of.entry(*token).or_default().insert(resource);
+            resource_of_write.insert(write_id, resource);
             writes_of.entry(*token).or_default().push(i);
         }
     }
     // Per resource: the highest token that reached the upstream, and where.
     let mut highest: BTreeMap<String, (u64, usize)> = BTreeMap::new();
+    // Stale arrivals already reported, whose application need not be again.
+    let mut reported_arrivals: BTreeMap<(String, u64), usize> = BTreeMap::new();
     for (i, e) in upstream.iter().enumerate() {
         let t = e.token();
-        let Some(resource) = e.resource().or_else(|| resource_of.get(&t).copied()) else {
-            out.push(
-                Violation::new(NAME, format!("a write with token {t} reached the upstream, but no client sent it"))
-                    .with_upstream([i]),
-            );
-            continue;
+        let by_id = match e {
+            UpstreamEvent::Applied { write_id: Some(id), .. } => resource_of_write.get(id.as_str()).copied(),
+            _ => None,
+        };
+        let resource = match (e.resource().or(by_id), resources_of.get(&t)) {
+            (Some(r), _) => r,
+            (None, Some(rs)) if rs.len() == 1 => rs.first().copied().unwrap_or_default(),
+            (None, Some(_)) => continue,
+            (None, None) => {
+                out.push(
+                    Violation::new(NAME, format!("a write with token {t} reached the upstream, but no client sent it"))
+                        .with_upstream([i]),
+                );
+                continue;
+            }
         };
         if let Some((top, at)) = highest.get(resource).copied()
             && t < top
         {
+            let key = (resource.to_string(), t);
+            match e {
+                UpstreamEvent::Arrived { .. } => *reported_arrivals.entry(key).or_default() += 1,
+                UpstreamEvent::Applied { .. } => match reported_arrivals.get_mut(&key) {
+                    Some(n) if *n > 0 => {
+                        *n -= 1;
+                        continue;
+                    }
+                    _ => {}
+                },
+            }
             let what = match e {
                 UpstreamEvent::Arrived { .. } => "reached the upstream",
                 UpstreamEvent::Applied { .. } => "was applied",

@@ -37,7 +37,7 @@ use self::report::Violation;
 pub fn check(ops: &[Op], upstream: &[UpstreamEvent]) -> Vec<Violation> {
     let leases = grants::leases(ops);
     let mut violations = Vec::new();
-    violations.extend(single_holder::check(&leases));
+    violations.extend(single_holder::check(ops, &leases));
     violations.extend(monotonic_tokens::check(ops, &leases));
     violations.extend(fenced_writes::check(ops, upstream));
     violations.extend(owner_only::check(ops, &leases));

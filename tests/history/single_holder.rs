@@ -10,11 +10,12 @@
 use std::collections::BTreeMap;
 
 use super::grants::Lease;
+use super::history::{Call, Op};
 use super::report::Violation;
 
 pub const NAME: &str = "I1 single holder";
 
-pub fn check(leases: &[Lease]) -> Vec<Violation> {
+pub fn check(ops: &[Op], leases: &[Lease]) -> Vec<Violation> {
     let mut by_resource: BTreeMap<&str, Vec<&Lease>> = BTreeMap::new();
     for l in leases {
         by_resource.entry(&l.resource).or_default().push(l);
@@ -34,10 +35,25 @@ pub fn check(leases: &[Lease]) -> Vec<Violation> {
                             b.lease_id, b.token, b.first_granted_answer, a.lease_id, a.token, a.valid_until
                         ),
                     )
-                    .with_ops(a.ops.iter().chain(&b.ops).copied()),
+                    .with_ops(a.ops.iter().chain(&b.ops).copied())
+                    .with_ops(releases_between(ops, resource, a, b)),
                 );
             }
         }
     }
     out
+}
+
+/// Releases of any lease of `resource` sent while `a` held it and before
+/// `b` was seen: the calls that may have ended `a` early.
+fn releases_between(ops: &[Op], resource: &str, a: &Lease, b: &Lease) -> Vec<usize> {
+    ops.iter()
+        .enumerate()
+        .filter(|(_, op)| {
+            matches!(&op.call, Call::Release { resource: r, .. } if r == resource)
+                && op.sent >= a.first_sent
+                && op.sent <= b.first_granted_answer
+        })
+        .map(|(i, _)| i)
+        .collect()
 }

@@ -75,8 +75,12 @@ pub struct Config {
     /// How long clients run.
     pub duration: Duration,
     pub workers: usize,
-    /// Size of the hot set `hot/h0`, `hot/h1`, ….
+    /// Size of the hot set `res/h0`, `res/h1`, ….
     pub resources: usize,
+    /// Size of the cold set `res/c0`, `res/c1`, …, and the chance that a
+    /// round picks from it.
+    pub cold_resources: usize,
+    pub cold_probability: f64,
     pub ttl: Duration,
     /// Chance that a client, after a write, stops renewing past its ttl.
     pub pause_probability: f64,
@@ -101,6 +105,8 @@ impl Config {
             duration: Duration::from_secs(45),
             workers: 6,
             resources: 3,
+            cold_resources: 6,
+            cold_probability: 0.25,
             ttl: Duration::from_millis(1500),
             pause_probability: 0.05,
             hold: Duration::from_millis(2000),
@@ -197,7 +203,10 @@ pub const COORDINATOR_ARGS: &[&str] =
 /// needs `influxd` and it is not installed.
 pub async fn run(config: Config) -> Option<Outcome> {
     let dir = tempfile::tempdir().unwrap();
-    let databases: Vec<String> = (0..config.resources).map(|i| format!("h{i}")).collect();
+    let databases: Vec<String> = (0..config.resources)
+        .map(|i| format!("h{i}"))
+        .chain((0..config.cold_resources).map(|i| format!("c{i}")))
+        .collect();
     let (recording, routes) = if config.influx {
         (Recording::Influx(InfluxRecorder::start(dir.path(), &databases).await?), Routes::Influx)
     } else {
@@ -240,7 +249,7 @@ pub async fn run(config: Config) -> Option<Outcome> {
     // Let the upstream see whatever the proxy still had in flight.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let ops = history.ops();
-    let upstream = recording.events();
+    let upstream = name_resources(recording.events(), &ops);
     let mut violations = super::cluster::invariants::check(&ops, &upstream);
     if let Recording::Influx(r) = &recording {
         violations.extend(influx_holds_exactly_the_applied_writes(r, &databases, &upstream).await);
@@ -250,11 +259,45 @@ pub async fn run(config: Config) -> Option<Outcome> {
     let report = report::render(&title, &ops, &upstream, &faults, &violations);
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("history-{}.txt", config.run_id));
     let _ = std::fs::write(&path, &report);
-    eprintln!("{report}\n(report written to {})", path.display());
+    // The whole history too, one operation a line, for digging.
+    let all: String = ops.iter().enumerate().map(|(i, op)| report::render_op(i, op) + "\n").collect();
+    let ops_path = path.with_extension("ops.txt");
+    let _ = std::fs::write(&ops_path, all);
+    eprintln!("{report}\n(report written to {}, every operation to {})", path.display(), ops_path.display());
     if !violations.is_empty() {
         eprintln!("proxy logs:\n{}", tail(&proxy.logs(), 4000));
     }
     Some(Outcome { ops, upstream, faults, violations, report })
+}
+
+/// Names the resource of every upstream event that does not say it: an
+/// applied write by its id, an arrival by the writes that carried its token
+/// (tokens are unique across resources, unless a broken build reused one).
+fn name_resources(mut events: Vec<UpstreamEvent>, ops: &[Op]) -> Vec<UpstreamEvent> {
+    use std::collections::BTreeMap;
+
+    use super::cluster::history::Call;
+    let mut by_token: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
+    let mut by_id: BTreeMap<&str, &str> = BTreeMap::new();
+    for op in ops {
+        if let Call::Write { resource, token, write_id } = &op.call {
+            by_token.entry(*token).or_default().insert(resource);
+            by_id.insert(write_id, resource);
+        }
+    }
+    for e in &mut events {
+        let named = match e {
+            UpstreamEvent::Applied { write_id: Some(id), .. } => by_id.get(id.as_str()).copied(),
+            UpstreamEvent::Arrived { token, .. } | UpstreamEvent::Applied { token, .. } => {
+                by_token.get(token).filter(|rs| rs.len() == 1).and_then(|rs| rs.first().copied())
+            }
+        };
+        let (UpstreamEvent::Arrived { resource, .. } | UpstreamEvent::Applied { resource, .. }) = e;
+        if resource.is_none() {
+            *resource = named.map(str::to_string);
+        }
+    }
+    events
 }
 
 fn tail(s: &str, n: usize) -> &str {

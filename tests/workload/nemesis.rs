@@ -46,6 +46,51 @@ impl Fault {
     ];
 }
 
+/// For `hold`: a client that can reach only the minority node at `addr`
+/// (it sits on that side of the partition) keeps asking it for cold
+/// resources. A correct node refuses (NO_QUORUM, NOT_LEADER); a grant it
+/// acknowledged without a quorum shows up in the history. Bounded by `hold`
+/// and by a count.
+async fn minority_clients(ctx: &Ctx, addr: &str, hold: Duration) {
+    use super::super::cluster::history::{Answer, Call, Op};
+    let until = ctx.history.now() + hold;
+    let client = fencer_client::Client::new([addr]).unwrap().with_call_timeout(Duration::from_secs(1));
+    let mut rng = Rng::new(ctx.config.seed ^ until.as_nanos() as u64);
+    for i in 0..200 {
+        if ctx.history.now() >= until {
+            break;
+        }
+        let resource = format!("res/c{}", rng.below(ctx.config.cold_resources as u64));
+        let request_id = format!("hist-{}-minority-{}-{i:04}", ctx.config.run_id, until.as_millis());
+        let sent = ctx.history.now();
+        let r = client
+            .acquire(resource.as_str())
+            .ttl(ctx.config.ttl)
+            .holder("minority")
+            .request_id(request_id.as_str())
+            .retry_budget(Duration::ZERO)
+            .grant()
+            .await;
+        let answer = match r {
+            Ok(g) => Answer::Granted {
+                lease_id: g.lease_id.as_str().into(),
+                token: g.token.get(),
+                ttl_ms: g.ttl.as_millis() as u64,
+            },
+            Err(e) => match e.client_error() {
+                fencer_client::ClientError::Refused { reason, .. } => {
+                    Answer::Refused { reason: reason.as_str().into() }
+                }
+                other => Answer::Unavailable { reason: other.to_string() },
+            },
+        };
+        let call = Call::Acquire { resource, request_id, ttl_ms: ctx.config.ttl.as_millis() as u64 };
+        ctx.history.record(Op { client: "minority".into(), call, sent, answered: ctx.history.now(), answer });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    tokio::time::sleep(until.saturating_sub(ctx.history.now())).await;
+}
+
 /// The node that calls itself leader in the highest term, if any answers.
 async fn leader_now(c: &ProcCluster) -> Option<u64> {
     let mut best: Option<(u64, u64)> = None;
@@ -99,6 +144,10 @@ pub async fn run(ctx: &Ctx, c: &mut ProcCluster, proxy: &mut ProxyProc, schedule
 
 async fn inject(ctx: &Ctx, c: &mut ProcCluster, proxy: &mut ProxyProc, fault: Fault, rng: &mut Rng) {
     let hold = ctx.config.hold;
+    // A minority side must be asked while it knows it has no quorum: after
+    // the calls it received at the start time out (the client gives up
+    // after 2 s), clients come back to it with fresh requests.
+    let minority_hold = hold * 2;
     match fault {
         Fault::KillLeader => {
             let n = victim(c, rng).await;
@@ -112,7 +161,7 @@ async fn inject(ctx: &Ctx, c: &mut ProcCluster, proxy: &mut ProxyProc, fault: Fa
             let n = victim(c, rng).await;
             ctx.fault(format!("isolate leader n{n}"));
             c.isolate(n);
-            tokio::time::sleep(hold).await;
+            minority_clients(ctx, &c.advertised[&n], minority_hold).await;
             c.heal();
             ctx.fault("heal".into());
         }
@@ -133,7 +182,7 @@ async fn inject(ctx: &Ctx, c: &mut ProcCluster, proxy: &mut ProxyProc, fault: Fa
             for o in &others {
                 c.kill9(*o);
             }
-            tokio::time::sleep(hold).await;
+            minority_clients(ctx, &c.advertised[&n], minority_hold).await;
             for o in &others {
                 c.restart(*o);
             }

@@ -1,5 +1,5 @@
 //! `fencer proxy` as a real process in front of a recording upstream, with
-//! one route per hot resource (`POST /w/{name}` writes `hot/{name}`, or
+//! one route per hot resource (`POST /w/{name}` writes `res/{name}`, or
 //! `POST /write?db={name}` for InfluxDB), killed with SIGKILL and restarted
 //! on the same data dir and ports by the nemesis.
 
@@ -15,9 +15,9 @@ use super::super::common::{Proc, fencer_bin, free_port};
 /// How the proxy routes writes to resources.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Routes {
-    /// `POST /w/{name}` → `hot/{name}`.
+    /// `POST /w/{name}` → `res/{name}`.
     Paths,
-    /// InfluxDB 1.x: `POST /write?db={name}` → `hot/{name}`.
+    /// InfluxDB 1.x: `POST /write?db={name}` → `res/{name}`.
     Influx,
 }
 
@@ -38,9 +38,9 @@ impl ProxyProc {
         let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let write_route = match routes {
-            Routes::Paths => "[[route]]\nmethods = [\"POST\"]\npath = \"/w/{name}\"\nresource = \"hot/{name}\"\n",
+            Routes::Paths => "[[route]]\nmethods = [\"POST\"]\npath = \"/w/{name}\"\nresource = \"res/{name}\"\n",
             Routes::Influx => {
-                "[[route]]\nmethods = [\"POST\"]\npath = \"/write\"\nquery = { db = \"{name}\" }\nresource = \"hot/{name}\"\n"
+                "[[route]]\nmethods = [\"POST\"]\npath = \"/write\"\nquery = { db = \"{name}\" }\nresource = \"res/{name}\"\n"
             }
         };
         let config = dir.join("proxy.toml");

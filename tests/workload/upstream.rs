@@ -185,7 +185,7 @@ async fn relay(
         .uri
         .query()
         .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("db=")))
-        .map(|db| format!("hot/{db}"));
+        .map(|db| format!("res/{db}"));
     let record = |e: UpstreamEvent| events.lock().unwrap_or_else(|p| p.into_inner()).push(e);
     if let Some(token) = token {
         record(UpstreamEvent::Arrived { token, resource: resource.clone() });

@@ -1,5 +1,5 @@
 //! One workload client: a task with its own `fencer_client::Client`. It
-//! acquires a resource from the hot set (sometimes waiting), writes through
+//! acquires a resource, mostly from the hot set (sometimes waiting), writes through
 //! the proxy with its token, renews, releases (sometimes twice), and now and
 //! then stops renewing for longer than its ttl — the task's stand-in for a
 //! SIGSTOPped process — and then writes and releases with its old lease as
@@ -56,7 +56,13 @@ impl Worker {
     async fn round(&mut self, w: usize, round: usize) {
         let ctx = self.ctx.clone();
         let cfg = &ctx.config;
-        let resource = format!("hot/h{}", self.rng.below(cfg.resources as u64));
+        // Mostly the contended hot set; sometimes a cold resource, which is
+        // usually free: a grant there needs no one to let go first.
+        let resource = if self.rng.chance(cfg.cold_probability) {
+            format!("res/c{}", self.rng.below(cfg.cold_resources as u64))
+        } else {
+            format!("res/h{}", self.rng.below(cfg.resources as u64))
+        };
         let request_id = format!("hist-{}-w{w:02}-{round:06}", cfg.run_id);
         let wait = if self.rng.chance(0.5) { Duration::ZERO } else { Duration::from_millis(self.rng.range(200, 1500)) };
         let Some((lease_id, token)) = self.acquire(&resource, &request_id, wait).await else {
@@ -152,7 +158,7 @@ impl Worker {
     async fn write(&mut self, resource: &str, token: u64) -> Answer {
         self.writes += 1;
         let write_id = format!("{}-{}", self.name, self.writes);
-        let name = resource.strip_prefix("hot/").unwrap_or(resource);
+        let name = resource.strip_prefix("res/").unwrap_or(resource);
         let (path, body) = match self.ctx.routes {
             Routes::Paths => (format!("/w/{name}"), write_id.clone()),
             Routes::Influx => {
