@@ -5,13 +5,13 @@
 //! processes: these run in milliseconds.
 
 #[path = "history/mod.rs"]
-mod history;
+mod invariants;
 
 use std::time::Duration;
 
-use history::fenced_writes::UpstreamEvent;
-use history::history::{Answer, Call, Op};
-use history::report::{Violation, render};
+use invariants::fenced_writes::UpstreamEvent;
+use invariants::history::{Answer, Call, Op};
+use invariants::report::{Violation, render};
 
 const TTL: u64 = 1_000;
 
@@ -57,7 +57,7 @@ fn names(violations: &[Violation]) -> Vec<&'static str> {
 }
 
 fn check(ops: &[Op], upstream: &[UpstreamEvent]) -> Vec<Violation> {
-    let v = history::check(ops, upstream);
+    let v = invariants::check(ops, upstream);
     eprintln!("{}", render("t62", ops, upstream, &[], &v));
     v
 }

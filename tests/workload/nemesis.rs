@@ -125,9 +125,8 @@ pub async fn run(ctx: &Ctx, c: &mut ProcCluster, proxy: &mut ProxyProc, schedule
     let cfg = &ctx.config;
     let mut rng = Rng::new(cfg.seed ^ 0xFA17);
     tokio::time::sleep(cfg.quiet).await;
-    let mut i = 0usize;
     // Bounded: one fault per turn, each at least `quiet` long.
-    for _ in 0..10_000 {
+    for i in 0..10_000usize {
         if ctx.history.now() + cfg.hold >= cfg.duration {
             break;
         }
@@ -136,7 +135,6 @@ pub async fn run(ctx: &Ctx, c: &mut ProcCluster, proxy: &mut ProxyProc, schedule
             None if cfg.random_after_schedule => Fault::ALL[rng.below(Fault::ALL.len() as u64) as usize],
             None => break,
         };
-        i += 1;
         inject(ctx, c, proxy, fault, &mut rng).await;
         tokio::time::sleep(cfg.quiet).await;
     }

@@ -198,7 +198,7 @@ async fn relay(
             out = out.header(k, v);
         }
     }
-    let answer = match forward.request(out.body(Full::new(body)).unwrap()).await {
+    match forward.request(out.body(Full::new(body)).unwrap()).await {
         Ok(resp) => {
             let (p, b) = resp.into_parts();
             let b = b.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
@@ -214,6 +214,5 @@ async fn relay(
             *r.status_mut() = http::StatusCode::BAD_GATEWAY;
             r
         }
-    };
-    answer
+    }
 }
