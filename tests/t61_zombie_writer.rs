@@ -289,7 +289,9 @@ async fn zombie_client_process() {
         }
     };
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    // Bounded: the parent sends a handful of commands, then stops it.
+    for _ in 0..100 {
+        let Ok(Some(line)) = lines.next_line().await else { return };
         let (command, arg) = line.split_once(' ').unwrap_or((line.as_str(), ""));
         match command {
             "check-then-write" => {
