@@ -14,9 +14,10 @@
 //! slice of history that shows each one.
 //!
 //! Plain data and std only (plus tokio's clock), so every harness shares this
-//! one copy: the in-process cluster harness (`coordinator/tests/harness`),
-//! the process-level tests (`tests/common/cluster.rs`) and the workload
-//! runner (`tests/workload/`) include it with `#[path]`.
+//! one copy, included with `#[path]`: the in-process cluster harness
+//! (`coordinator/tests/harness`), the process-level tests and the workload
+//! runner (through `tests/common/cluster.rs`), and the checkers' own tests
+//! (`tests/t62_checkers.rs`).
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
 pub mod exactly_once;
