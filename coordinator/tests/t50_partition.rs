@@ -39,7 +39,7 @@ fn sent_after(ops: &[Op], n: NodeId, after: Duration) -> impl Iterator<Item = &O
 }
 
 fn is_success(a: &Answer) -> bool {
-    matches!(a, Answer::Granted { .. } | Answer::Renewed { .. } | Answer::Released)
+    matches!(a, Answer::Granted { .. } | Answer::Renewed { .. } | Answer::Released | Answer::AlreadyReleased)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

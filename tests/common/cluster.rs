@@ -6,11 +6,12 @@
 //!
 //! Include it next to `common`: `#[path = "common/cluster.rs"] mod cluster;`.
 //! It shares the history and the invariant checkers of the in-process
-//! harness (`coordinator/tests/harness`).
+//! harness (`tests/history/`).
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -19,10 +20,14 @@ use tokio::time::Instant;
 
 use super::common::{Proc, signal, spawn};
 
-#[path = "../../coordinator/tests/harness/history.rs"]
-pub mod history;
-#[path = "../../coordinator/tests/harness/invariants/mod.rs"]
+/// The history and its invariant checkers (`tests/history/`).
+#[path = "../history/mod.rs"]
 pub mod invariants;
+#[path = "relay.rs"]
+pub mod relay;
+pub use self::invariants::history;
+
+use self::relay::{Relay, RelayNet};
 
 /// Heartbeat of test clusters (`--heartbeat`).
 pub const HEARTBEAT: &str = "50ms";
@@ -34,7 +39,14 @@ pub const ELECTION_MAX: Duration = Duration::from_millis(300);
 /// A cluster of `fencer coordinator` processes.
 pub struct ProcCluster {
     pub dir: tempfile::TempDir,
+    /// Where each node listens (status and readiness are asked here).
     pub addrs: BTreeMap<u64, String>,
+    /// What the nodes call each other and give clients as leader hints: the
+    /// relay addresses in a relayed cluster, else `addrs`.
+    pub advertised: BTreeMap<u64, String>,
+    /// The network fault rules of a relayed cluster.
+    pub net: Option<Arc<RelayNet>>,
+    relays: Vec<Relay>,
     procs: BTreeMap<u64, Option<Proc>>,
     args: Vec<String>,
     starts: u32,
@@ -64,7 +76,10 @@ impl ProcCluster {
             .collect();
         let mut c = Self {
             dir: tempfile::tempdir().unwrap(),
+            advertised: addrs.clone(),
             addrs,
+            net: None,
+            relays: Vec::new(),
             procs: BTreeMap::new(),
             args: args.iter().map(|s| s.to_string()).collect(),
             starts: 0,
@@ -77,12 +92,90 @@ impl ProcCluster {
         c
     }
 
+    /// Like [`start_with`](Self::start_with), with every node behind a
+    /// relay (`tests/common/relay.rs`), so the raft network between the
+    /// processes can be cut: [`isolate`](Self::isolate),
+    /// [`drop_one_way`](Self::drop_one_way), [`cut`](Self::cut),
+    /// [`delay`](Self::delay), [`heal`](Self::heal), and answers lost after
+    /// commit ([`drop_acquire_answers`](Self::drop_acquire_answers)).
+    pub async fn start_relayed(n: u64, args: &[&str]) -> Self {
+        let base = 20 + (std::process::id() % 200) as u64;
+        let net = Arc::new(RelayNet::default());
+        let mut addrs = BTreeMap::new();
+        let mut advertised = BTreeMap::new();
+        let mut relays = Vec::new();
+        for id in 1..=n {
+            let ip = format!("127.0.{}.{}", (base + id) / 250, (base + id) % 250 + 2);
+            let addr = format!("{ip}:{}", free_port_on(&ip));
+            let relay = Relay::start(id, &ip, &addr, net.clone()).await;
+            advertised.insert(id, relay.addr.to_string());
+            addrs.insert(id, addr);
+            relays.push(relay);
+        }
+        let mut c = Self {
+            dir: tempfile::tempdir().unwrap(),
+            addrs,
+            advertised,
+            net: Some(net),
+            relays,
+            procs: BTreeMap::new(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            starts: 0,
+        };
+        for id in c.ids() {
+            c.procs.insert(id, None);
+            c.restart(id);
+        }
+        c.settled(Duration::from_secs(30)).await;
+        c
+    }
+
+    fn relay_net(&self) -> &RelayNet {
+        self.net.as_deref().expect("network faults need a cluster started with start_relayed")
+    }
+
+    /// Every raft message to or from `n` is lost (clients still reach it).
+    pub fn isolate(&self, n: u64) {
+        self.relay_net().isolate(n);
+    }
+
+    /// Raft messages between `a` and `b` are lost, both ways.
+    pub fn cut(&self, a: u64, b: u64) {
+        self.relay_net().drop_one_way(a, b);
+        self.relay_net().drop_one_way(b, a);
+    }
+
+    /// Raft messages from `from` to `to` are lost.
+    pub fn drop_one_way(&self, from: u64, to: u64) {
+        self.relay_net().drop_one_way(from, to);
+    }
+
+    /// Raft messages from `from` to `to` arrive `d` late.
+    pub fn delay(&self, from: u64, to: u64, d: Duration) {
+        self.relay_net().delay(from, to, d);
+    }
+
+    /// The next `count` acquire answers of node `n` are lost after it answered.
+    pub fn drop_acquire_answers(&self, n: u64, count: usize) {
+        self.relay_net().drop_acquire_answers(n, count);
+    }
+
+    /// Every network fault removed.
+    pub fn heal(&self) {
+        self.relay_net().heal();
+    }
+
+    /// The addresses clients should use: the advertised ones, comma-separated.
+    pub fn client_endpoints(&self) -> Vec<String> {
+        self.advertised.values().cloned().collect()
+    }
+
     pub fn ids(&self) -> Vec<u64> {
         self.addrs.keys().copied().collect()
     }
 
     pub fn peers(&self) -> String {
-        self.addrs.iter().map(|(id, a)| format!("{id}={a}")).collect::<Vec<_>>().join(",")
+        self.advertised.iter().map(|(id, a)| format!("{id}={a}")).collect::<Vec<_>>().join(",")
     }
 
     /// Every node's address, comma-separated (for `--endpoints`).

@@ -17,9 +17,13 @@
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
 pub mod faults;
-pub mod history;
+/// The history and its invariant checkers: one copy for every harness, in
+/// the root package's `tests/history/`.
+#[path = "../../../tests/history/mod.rs"]
 pub mod invariants;
 pub mod replicas;
+
+pub use self::invariants::history;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -387,7 +391,8 @@ impl Cluster {
         let req = ReleaseRequest { resource: resource.into(), lease_id: lease_id.into() };
         let r = self.client(n).release(req).await.map(|r| r.into_inner());
         let answer = match &r {
-            Ok(_) => Answer::Released,
+            Ok(ok) if ok.was_holder => Answer::Released,
+            Ok(_) => Answer::AlreadyReleased,
             Err(s) => answer_of(s),
         };
         let call = Call::Release { resource: resource.into(), lease_id: lease_id.into() };
