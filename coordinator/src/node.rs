@@ -499,6 +499,9 @@ impl Node {
         if let Err(e) = self.sm.sync().await {
             tracing::warn!(error = %e, "state sync at shutdown");
         }
+        let closed = [self.log.closed(), self.sm.closed()];
+        drop((self.raft, self.svc, self.sm, self.log, self._leader_watch));
+        wait_closed(closed).await;
         tracing::info!("coordinator node stopped");
     }
 
@@ -518,7 +521,21 @@ impl Node {
         for t in self.tasks {
             let _ = t.await;
         }
+        let closed = [self.log.closed(), self.sm.closed()];
+        drop((self.raft, self.svc, self.sm, self.log, self._leader_watch));
+        wait_closed(closed).await;
         tracing::info!("coordinator node aborted");
+    }
+}
+
+/// Waits (at most 5 s) until the log and state files are closed, so the data
+/// dir can be opened again as soon as a stopped node's `shutdown` returns.
+async fn wait_closed(closed: [watch::Receiver<()>; 2]) {
+    for mut c in closed {
+        let wait = async move { while c.changed().await.is_ok() {} };
+        if tokio::time::timeout(Duration::from_secs(5), wait).await.is_err() {
+            tracing::warn!("a store file is still open 5 s after stopping; something still holds a handle");
+        }
     }
 }
 

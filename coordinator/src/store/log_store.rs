@@ -52,6 +52,8 @@ struct Shared {
     db: Arc<Database>,
     mem: Mutex<Mem>,
     metrics: Arc<Metrics>,
+    /// Dropped (after `db`) when the last handle goes: the file is closed.
+    _closed: tokio::sync::watch::Sender<()>,
 }
 
 /// The in-memory view: what readers see before and after it reaches disk.
@@ -80,6 +82,7 @@ enum Op {
 pub struct LogStore {
     shared: Arc<Shared>,
     tx: std_mpsc::Sender<Op>,
+    closed: tokio::sync::watch::Receiver<()>,
 }
 
 /// A reader of the log (cheap clone of the store's shared state).
@@ -104,10 +107,12 @@ impl LogStore {
         let db = Arc::new(db);
         let (vote, committed, last_purged, last_log_id) = read_saved(&db)?;
         let flushed_upto = last_log_id.as_ref().map(|l| l.index);
+        let (closed, closed_rx) = tokio::sync::watch::channel(());
         let shared = Arc::new(Shared {
             db,
             mem: Mutex::new(Mem { cache: BTreeMap::new(), flushed_upto, last_log_id, last_purged, vote, committed }),
             metrics,
+            _closed: closed,
         });
         let (tx, rx) = std_mpsc::channel();
         let flusher = shared.clone();
@@ -115,7 +120,7 @@ impl LogStore {
             .name("fencer-log-flush".into())
             .spawn(move || flusher_loop(flusher, rx))
             .map_err(|e| io_err("spawn log flusher", e))?;
-        Ok(Self { shared, tx })
+        Ok(Self { shared, tx, closed: closed_rx })
     }
 
     /// Whether the log file at `path` holds raft data: an entry, a purged
@@ -139,6 +144,12 @@ impl LogStore {
 
     fn send(&self, op: Op) -> io::Result<()> {
         self.tx.send(op).map_err(|_| io::Error::other("the raft log flusher has stopped"))
+    }
+
+    /// A receiver whose `changed()` fails once the log file is closed (every
+    /// handle and reader dropped), so a stopping node can wait for it.
+    pub fn closed(&self) -> tokio::sync::watch::Receiver<()> {
+        self.closed.clone()
     }
 
     /// Waits until everything queued so far is durable.

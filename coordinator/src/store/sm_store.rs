@@ -73,6 +73,8 @@ struct Shared {
     snapshot_dir: PathBuf,
     /// Orders to the persister thread, in apply order.
     persist: mpsc::Sender<PersistOp>,
+    /// Fails `changed()` once the persister ended and closed the file.
+    closed: tokio::sync::watch::Receiver<()>,
     /// The persister's first failure; once set, applies fail.
     failed: Arc<Mutex<Option<String>>>,
     observer: Arc<dyn ApplyObserver>,
@@ -145,8 +147,10 @@ impl StateMachineStore {
         metrics.waiters.set(state.waiter_count() as i64);
         let (persist, rx) = mpsc::channel(PERSIST_QUEUE);
         let failed = Arc::new(Mutex::new(None));
+        let (closed, closed_rx) = tokio::sync::watch::channel(());
         let persister = Persister {
             db,
+            _closed: closed,
             failed: failed.clone(),
             clock,
             applied,
@@ -164,6 +168,7 @@ impl StateMachineStore {
                 snapshot_dir: snapshot_dir.to_path_buf(),
                 persist,
                 failed,
+                closed: closed_rx,
                 observer,
                 metrics,
                 clock,
@@ -179,6 +184,12 @@ impl StateMachineStore {
     /// The last applied log index.
     pub fn applied_index(&self) -> Option<u64> {
         self.shared.applied.lock().unwrap_or_else(|p| p.into_inner()).0.as_ref().map(|l| l.index)
+    }
+
+    /// A receiver whose `changed()` fails once the state file is closed (every
+    /// store handle dropped and the persister ended).
+    pub fn closed(&self) -> tokio::sync::watch::Receiver<()> {
+        self.shared.closed.clone()
     }
 
     /// Makes everything applied so far durable.
@@ -338,6 +349,8 @@ fn write_changes(
 /// The thread that writes applied batches to the state file, in order.
 struct Persister {
     db: Database,
+    /// Dropped (after `db`) when the thread ends: the file is closed.
+    _closed: tokio::sync::watch::Sender<()>,
     failed: Arc<Mutex<Option<String>>>,
     clock: Clock,
     /// What the file holds once the open transaction commits.
