@@ -24,6 +24,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for RedbBuil
             Arc::new(NoObserver),
             metrics,
             Clock,
+            None,
         )
         .expect("open state");
         Ok((dir, log, sm))
