@@ -347,9 +347,11 @@ impl LockService {
     }
 
     fn granted(&self, grant: Grant, request_id: RequestId) -> Granted {
-        // The token is the index of the entry that granted it (I2), also
-        // after a wait, when another call's entry promoted this one.
-        tracing::Span::current().record("log_index", grant.token.0);
+        // After a wait another call's entry granted this one: its index is
+        // the token (I2). (An immediate grant's index was recorded by propose.)
+        if grant.waited {
+            tracing::Span::current().record("log_index", grant.token.0);
+        }
         let expires_at_unix_ms = self.expires_at(&grant.lease_id, grant.ttl_ms);
         Granted { grant, request_id, expires_at_unix_ms }
     }

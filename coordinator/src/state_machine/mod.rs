@@ -230,6 +230,34 @@ pub enum Outcome {
     Noop,
 }
 
+impl Outcome {
+    /// Short name for logs (no lease ids: they are capabilities).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Granted(_) => "granted",
+            Self::Queued { .. } => "queued",
+            Self::Rejected(Rejection::LockHeld { .. }) => "rejected: lock held",
+            Self::Rejected(Rejection::TooManyWaiters { .. }) => "rejected: too many waiters",
+            Self::Rejected(Rejection::NotHolder) => "rejected: not holder",
+            Self::Rejected(Rejection::LeaseExpired) => "rejected: lease expired",
+            Self::Rejected(Rejection::RequestIdReused) => "rejected: request id reused",
+            Self::Rejected(Rejection::WaitCancelled) => "rejected: wait cancelled",
+            Self::Renewed { .. } => "renewed",
+            Self::Released { was_holder: true } => "released",
+            Self::Released { was_holder: false } => "already released",
+            Self::Expired { expired: true } => "expired",
+            Self::Expired { expired: false } => "not expired (renewed meanwhile)",
+            Self::WaitCancel(CancelOutcome::Cancelled) => "wait cancelled",
+            Self::WaitCancel(CancelOutcome::AlreadyGranted(_)) => "wait already granted",
+            Self::WaitCancel(CancelOutcome::NotWaiting) => "not waiting",
+            Self::ForceReleased { released_token: Some(_) } => "force-released",
+            Self::ForceReleased { released_token: None } => "force-release of a free lock",
+            Self::Pruned { .. } => "pruned",
+            Self::Noop => "noop",
+        }
+    }
+}
+
 /// How a lease ended, remembered (until pruned) to tell LEASE_EXPIRED from NOT_HOLDER.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EndReason {

@@ -580,7 +580,7 @@ fn apply_in_memory(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<(V
                             crate::state_machine::Command::Acquire { request_id, .. } => Some(request_id.as_str()),
                             _ => None,
                         },
-                        outcome = ?applied.outcome,
+                        outcome = applied.outcome.name(),
                         "applied"
                     );
                     outcomes.push(applied.outcome);
