@@ -145,15 +145,18 @@ fn main() -> ExitCode {
 fn init_tracing(filter: &str, format: LogFormat) -> std::sync::Arc<cmd::log_level::LogFilter> {
     use tracing_subscriber::prelude::*;
     use tracing_subscriber::{EnvFilter, fmt, reload};
-    let filter = EnvFilter::try_new(filter).unwrap_or_else(|e| {
-        eprintln!("fencer: bad --log filter {filter:?} ({e}); using `info`");
-        EnvFilter::new("info")
-    });
-    let (filter, handle) = reload::Layer::new(filter);
+    let (parsed, text) = match EnvFilter::try_new(filter) {
+        Ok(f) => (f, filter),
+        Err(e) => {
+            eprintln!("fencer: bad --log filter {filter:?} ({e}); using `info`");
+            (EnvFilter::new("info"), "info")
+        }
+    };
+    let (filter, handle) = reload::Layer::new(parsed);
     let registry = tracing_subscriber::registry().with(filter);
     match format {
         LogFormat::Text => registry.with(fmt::layer().with_writer(std::io::stderr)).init(),
         LogFormat::Json => registry.with(fmt::layer().json().with_writer(std::io::stderr)).init(),
     }
-    cmd::log_level::LogFilter::new(handle)
+    cmd::log_level::LogFilter::new(handle, text)
 }

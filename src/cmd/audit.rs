@@ -190,8 +190,10 @@ fn print_matching(
     let mut kept: VecDeque<AuditRecord> = VecDeque::new();
     let mut rows = Vec::new();
     let mut unreadable = 0u64;
-    // Positions only grow; a line seen twice (a rotation while reading) is skipped.
+    // Positions only grow; a line seen twice (a rotation while reading) is
+    // skipped, and said so.
     let mut last: Option<(u64, u32)> = None;
+    let mut out_of_order = 0u64;
     let stdout = std::io::stdout();
     for path in files {
         let file = match std::fs::File::open(&path) {
@@ -210,6 +212,7 @@ fn print_matching(
                 continue;
             };
             if last.is_some_and(|l| r.position() <= l) {
+                out_of_order += 1;
                 continue;
             }
             last = Some(r.position());
@@ -254,6 +257,11 @@ fn print_matching(
             rows.extend(kept.iter().map(row));
             print_table(&HEADER, &rows);
         }
+    }
+    if out_of_order > 0 {
+        eprintln!(
+            "fencer: {out_of_order} line(s) not after the line before them were skipped (a rotation while reading shows a line twice; otherwise the files were edited or copied together)"
+        );
     }
     if unreadable > 0 {
         eprintln!(

@@ -4,7 +4,7 @@
 //! `/v1/log-level` endpoints).
 
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper::Method;
@@ -15,23 +15,28 @@ use tracing_subscriber::{EnvFilter, Registry};
 use super::node_http;
 use crate::output::{OutputFormat, print_json};
 
-/// The process's log filter, replaceable at run time.
+/// The process's log filter, replaceable at run time. It reports the
+/// filter as the operator wrote it.
 pub(crate) struct LogFilter {
     handle: reload::Handle<EnvFilter, Registry>,
+    text: Mutex<String>,
 }
 
 impl LogFilter {
-    pub(crate) fn new(handle: reload::Handle<EnvFilter, Registry>) -> Arc<Self> {
-        Arc::new(Self { handle })
+    pub(crate) fn new(handle: reload::Handle<EnvFilter, Registry>, text: &str) -> Arc<Self> {
+        Arc::new(Self { handle, text: Mutex::new(text.to_string()) })
     }
 
     fn current(&self) -> String {
-        self.handle.with_current(|f| f.to_string()).unwrap_or_else(|e| format!("(unknown: {e})"))
+        self.text.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn set(&self, filter: &str) -> Result<(), String> {
         let parsed = EnvFilter::try_new(filter).map_err(|e| format!("{filter:?} is not a log filter: {e}"))?;
-        self.handle.reload(parsed).map_err(|e| e.to_string())
+        let mut text = self.text.lock().unwrap_or_else(|p| p.into_inner());
+        self.handle.reload(parsed).map_err(|e| e.to_string())?;
+        *text = filter.to_string();
+        Ok(())
     }
 }
 
