@@ -153,6 +153,21 @@ pub enum StartError {
     /// The data dir holds raft data (log entries, a vote) but no identity file.
     #[error("data dir {0} holds raft data but no identity.json; it was not created by fencer or is damaged")]
     MissingIdentity(PathBuf),
+    /// The audit dir holds lines but the data dir is new: they belong to
+    /// another life of this node or to another cluster, whose log indexes
+    /// would be mistaken for this one's.
+    #[error(
+        "audit dir {path} holds lines up to log index {last_index}, but data dir {data_dir} is new; \
+         move those files away or choose another --audit-dir (one audit dir never mixes two logs)"
+    )]
+    ForeignAudit {
+        /// The audit dir.
+        path: PathBuf,
+        /// The data dir.
+        data_dir: PathBuf,
+        /// The last log index found in the audit dir.
+        last_index: u64,
+    },
     /// The configuration is inconsistent.
     #[error("configuration: {0}")]
     Config(String),
@@ -336,15 +351,23 @@ impl Node {
             clock,
         });
         let audit_dir = config.audit.as_ref().map(|a| a.dir_for(&dir));
+        let audit = match (&config.audit, &audit_dir) {
+            (Some(audit), Some(audit_dir)) => {
+                let (a, d, m) = (audit.clone(), audit_dir.clone(), metrics.clone());
+                let log = blocking(move || AuditLog::open(&d, &a, m)).await.map_err(StartError::Storage)?;
+                // Skipping "already written" lines is right for a log
+                // re-applied on its own data dir, never for a new one.
+                if let (None, Some((last_index, _))) = (&identity, log.last_position()) {
+                    return Err(StartError::ForeignAudit { path: audit_dir.clone(), data_dir: dir, last_index });
+                }
+                Some(log)
+            }
+            _ => None,
+        };
         let (log, sm) = {
-            let (dir, metrics, audit) = (dir.clone(), metrics.clone(), config.audit.clone());
-            let audit_dir = audit_dir.clone();
+            let (dir, metrics) = (dir.clone(), metrics.clone());
             blocking(move || -> std::io::Result<(LogStore, StateMachineStore)> {
                 let log = LogStore::open(&dir.join(LOG_FILE), metrics.clone())?;
-                let audit = match (audit, audit_dir) {
-                    (Some(config), Some(audit_dir)) => Some(AuditLog::open(&audit_dir, &config, metrics.clone())?),
-                    _ => None,
-                };
                 let sm = StateMachineStore::open(
                     &dir.join(STATE_FILE),
                     &dir.join(SNAPSHOT_DIR),

@@ -165,12 +165,38 @@ async fn t60_one_line_per_change_with_its_token_and_index_exactly_once_across_re
     let mut c = client(&node).await;
     let h = acquire(&mut c, "aud/6", "audit-h-0001", 5_000, 0).await.unwrap();
     assert!(h.fencing_token > first.last().unwrap().log_index, "the log was applied again before this grant");
-    let skipped = node.metrics().audit_lines_skipped.get();
+    // The persister writes (and skips) lines just after apply: count after
+    // the stop, which drains it.
+    let metrics = node.metrics().clone();
     node.shutdown().await;
+    let skipped = metrics.audit_lines_skipped.get();
     let second = lines(&audit_dir);
     assert_eq!(second.len(), first.len() + 1, "exactly once across the replay: {second:#?}");
     assert_eq!(second[..first.len()], first[..]);
     let last = second.last().unwrap();
     assert_eq!((last.op, last.log_index, last.token), (Acquire, h.fencing_token, Some(h.fencing_token)));
     assert_eq!(skipped, first.len() as u64, "every replayed line was recognised as already written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t60_an_audit_dir_with_another_logs_lines_is_refused_for_a_new_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("shared-audit");
+    let config = |data: &str| {
+        let mut c = fast_config(&dir.path().join(data));
+        c.audit = Some(fencer_coordinator::AuditConfig { dir: Some(audit.clone()), ..Default::default() });
+        c
+    };
+    let node = common::start_with(config("first")).await;
+    let mut c = client(&node).await;
+    acquire(&mut c, "aud/x", "audit-x-0001", 5_000, 0).await.unwrap();
+    node.shutdown().await;
+    // A new data dir starts its log at index 0 again: its lines would be
+    // taken for lines already written and skipped.
+    let err = fencer_coordinator::Node::start(config("second")).await.err().expect("refused");
+    assert!(matches!(err, fencer_coordinator::StartError::ForeignAudit { .. }), "{err}");
+    assert!(err.to_string().contains("--audit-dir"), "{err}");
+    // The node it belongs to starts on it again.
+    let node = restart(&dir.path().join("first")).await;
+    node.shutdown().await;
 }
