@@ -24,6 +24,7 @@ struct Cli {
     command: Command,
 
     /// Log filter (tracing env-filter syntax), e.g. `info` or `fencer=debug`.
+    /// A running coordinator or proxy changes it with `fencer log-level`.
     #[arg(long, global = true, env = "FENCER_LOG", default_value = "info,openraft=warn")]
     log: String,
 
@@ -54,8 +55,14 @@ enum Command {
     Get(cmd::lock::GetArgs),
     /// List held locks.
     List(cmd::lock::ListArgs),
-    /// Cluster status: members, leader, term, indexes, health.
+    /// Cluster status: members, leader, term, indexes, health, readiness.
     Status(cmd::status::StatusArgs),
+    /// The busiest resources: by acquire rate, queue length or hold time.
+    Top(cmd::top::TopArgs),
+    /// Read a node's audit log, filtered by resource, lease, op or time.
+    Audit(cmd::audit::AuditArgs),
+    /// Read or change the log filter of a running coordinator or proxy.
+    LogLevel(cmd::log_level::LogLevelArgs),
     /// Change the cluster's members: add-learner, promote, remove.
     Member(cmd::member::MemberArgs),
     /// Free a lock whoever holds it (operator action, audited).
@@ -92,7 +99,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    init_tracing(&cli.log, cli.log_format);
+    let log_filter = init_tracing(&cli.log, cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -102,19 +109,22 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Dev(args) => cmd::dev::run(args).await,
-            Command::Coordinator(args) => cmd::coordinator::run(args).await,
+            Command::Dev(args) => cmd::dev::run(args, log_filter).await,
+            Command::Coordinator(args) => cmd::coordinator::run(args, log_filter).await,
             Command::Acquire(args) => cmd::lock::acquire(args).await,
             Command::Renew(args) => cmd::lock::renew(args).await,
             Command::Release(args) => cmd::lock::release(args).await,
             Command::Get(args) => cmd::lock::get(args).await,
             Command::List(args) => cmd::lock::list(args).await,
             Command::Status(args) => cmd::status::run(args).await,
+            Command::Top(args) => cmd::top::run(args).await,
+            Command::Audit(args) => cmd::audit::run(args).await,
+            Command::LogLevel(args) => cmd::log_level::run(args).await,
             Command::Member(args) => cmd::member::run(args).await,
             Command::ForceRelease(args) => cmd::lock::force_release(args).await,
             Command::Exec(args) => cmd::exec::run(args).await,
             Command::Completions(args) => cmd::completions::run(args, Cli::command()),
-            Command::Proxy(args) => cmd::proxy::run_proxy(args).await,
+            Command::Proxy(args) => cmd::proxy::run_proxy(args, log_filter).await,
             Command::Rejections(args) => cmd::proxy::run_rejections(args).await,
             Command::ProxyStatus(args) => cmd::proxy::run_proxy_status(args).await,
             Command::Bench(args) => cmd::bench::run(*args).await,
@@ -129,15 +139,24 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(filter: &str, format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_new(filter).unwrap_or_else(|e| {
-        eprintln!("fencer: bad --log filter {filter:?} ({e}); using `info`");
-        EnvFilter::new("info")
-    });
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+/// Logs go to stderr, as text or JSON lines (with the fields of the spans
+/// they happen in). The filter sits in a `reload` layer so that a running
+/// coordinator or proxy can change it (`fencer log-level`).
+fn init_tracing(filter: &str, format: LogFormat) -> std::sync::Arc<cmd::log_level::LogFilter> {
+    use tracing_subscriber::prelude::*;
+    use tracing_subscriber::{EnvFilter, fmt, reload};
+    let (parsed, text) = match EnvFilter::try_new(filter) {
+        Ok(f) => (f, filter),
+        Err(e) => {
+            eprintln!("fencer: bad --log filter {filter:?} ({e}); using `info`");
+            (EnvFilter::new("info"), "info")
+        }
+    };
+    let (filter, handle) = reload::Layer::new(parsed);
+    let registry = tracing_subscriber::registry().with(filter);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => registry.with(fmt::layer().with_writer(std::io::stderr)).init(),
+        LogFormat::Json => registry.with(fmt::layer().json().with_writer(std::io::stderr)).init(),
     }
+    cmd::log_level::LogFilter::new(handle, text)
 }

@@ -23,6 +23,7 @@ use fencer_proto::v1::{
     StatusResponse,
 };
 use tonic::transport::{Channel, Endpoint};
+use tracing::Instrument as _;
 
 use crate::error::{ClientError, Reason};
 
@@ -172,6 +173,7 @@ impl Client {
             let result = tokio::time::timeout(call_timeout + extra, op(channel)).await;
             let err = match result {
                 Ok(Ok(resp)) => {
+                    tracing::debug!(attempt, %addr, "answered");
                     self.state().leader = Some(addr);
                     return Ok(resp.into_inner());
                 }
@@ -182,6 +184,7 @@ impl Client {
                     metadata: HashMap::new(),
                 },
             };
+            tracing::debug!(attempt, %addr, error = %err, "call failed");
             match &err {
                 ClientError::Refused { .. } => return Err(err),
                 ClientError::Unavailable { reason: Some(Reason::NotLeader), .. } => {
@@ -230,11 +233,14 @@ impl Client {
         wait_end: tokio::time::Instant,
     ) -> Result<AcquireResponse, ClientError> {
         let wait = wait_end.saturating_duration_since(crate::clock::now());
+        let span =
+            tracing::debug_span!("fencer_call", op = "acquire", resource = %req.resource, request_id = %req.request_id);
         self.route(wait, |c| {
             let mut req = req.clone();
             req.wait_timeout_ms = wait_end.saturating_duration_since(crate::clock::now()).as_millis() as u64;
             async move { LockClient::new(c).acquire(req).await }
         })
+        .instrument(span)
         .await
     }
 
@@ -245,6 +251,7 @@ impl Client {
             let req = req.clone();
             async move { LockClient::new(c).renew(req).await }
         })
+        .instrument(tracing::debug_span!("fencer_call", op = "renew", resource))
         .await
     }
 
@@ -255,6 +262,7 @@ impl Client {
             let req = req.clone();
             async move { LockClient::new(c).release(req).await }
         })
+        .instrument(tracing::debug_span!("fencer_call", op = "release", resource))
         .await
     }
 

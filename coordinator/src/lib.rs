@@ -5,7 +5,9 @@
 //! A [`Node`] runs one member of a cluster: openraft for consensus, redb for
 //! the log and the state, and one TCP port serving the gRPC API
 //! (`fencer.v1.Lock`, `fencer.v1.Admin`), the internal raft transport, JSON
-//! over HTTP, `/metrics`, `/livez` and `/readyz`.
+//! over HTTP, `/metrics`, `/livez`, `/readyz` and the operator endpoints
+//! (optionally also on a separate status port). Every node writes an audit
+//! log of the changes it applies (`docs/operations.md`).
 //!
 //! # Layout
 //! - `state_machine` — the pure, deterministic [`LockState::apply`] of every
@@ -24,6 +26,9 @@
 //! - `api` — gRPC and JSON front ends; the one error→status mapping.
 //! - `node` — assembling it all, bootstrap, leader duties, shutdown.
 //! - `metrics` — Prometheus metrics.
+//! - `audit` — the audit log: one JSON line per applied change, exactly once.
+//! - `hot` — the busiest resources, in bounded memory (space-saving top-k).
+//! - `log_level` — changing the log filter at run time.
 //!
 //! ```
 //! use fencer_coordinator::{Command, LockState, LogCommand, Outcome, ResourceName, RequestId, Holder, LeaseId};
@@ -49,10 +54,13 @@
 //! ```
 
 mod api;
+mod audit;
 mod bootstrap;
 mod clock;
+mod hot;
 mod leadership;
 mod lease_clock;
+mod log_level;
 mod metrics;
 mod network;
 mod node;
@@ -65,14 +73,21 @@ mod types;
 mod waiters;
 
 pub use self::api::{grpc_code, http_status, to_status};
+pub use self::audit::{
+    AUDIT_DIR, AUDIT_FILE, AuditConfig, AuditLog, AuditOp, AuditOutcome, AuditRecord, DEFAULT_AUDIT_FILE_BYTES,
+    DEFAULT_AUDIT_FILES, audit_files, read_audit_file,
+};
 pub use self::clock::{Clock, Instant};
+pub use self::hot::{DEFAULT_HOT_CAPACITY, HOT_HALF_LIFE, HotOrder, HotResource, HotResources};
 pub use self::lease_clock::{LeaseClock, Overdue};
-pub use self::metrics::Metrics;
+pub use self::log_level::{LogControl, LogControlHandle};
+pub use self::metrics::{Metrics, OPS, OUTCOMES};
 pub use self::network::{FaultAction, Faults, RaftHandle};
 pub use self::node::{MAX_REQUEST_BYTES, Node, NodeConfig, StartError};
 pub use self::policy::Policy;
 pub use self::service::{
-    AcquireRequest, ForceReleased, Granted, LockError, LockService, LockView, MemberView, Released, Renewed, StatusView,
+    AcquireRequest, ForceReleased, Granted, Health, LockError, LockService, LockView, MemberView, Released, Renewed,
+    StatusView,
 };
 pub use self::state_machine::{
     Applied, CancelOutcome, Changes, Command, DedupOutcome, DedupRecord, EndReason, EndedLease, Event, Grant,
@@ -82,7 +97,7 @@ pub use self::store::{
     ApplyObserver, LOG_FILE, LogReader, LogStore, NoObserver, SNAPSHOT_DIR, STATE_FILE, StateMachineStore,
 };
 pub use self::types::{
-    FencingToken, Holder, InvalidField, LeaseId, MAX_HOLDER_LEN, MAX_REQUEST_ID_LEN, MAX_RESOURCE_LEN,
-    MIN_REQUEST_ID_LEN, NodeId, RequestId, ResourceName, TypeConfig,
+    AuditText, FencingToken, Holder, InvalidField, LeaseId, MAX_AUDIT_TEXT_LEN, MAX_HOLDER_LEN, MAX_REQUEST_ID_LEN,
+    MAX_RESOURCE_LEN, MIN_REQUEST_ID_LEN, NodeId, RequestId, ResourceName, TypeConfig,
 };
 pub use self::waiters::{ParkedCalls, Wake};

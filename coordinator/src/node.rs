@@ -17,16 +17,19 @@ use openraft::{BasicNode, Config, SnapshotPolicy};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::api::{AdminApi, LockApi, router};
+use crate::api::{AdminApi, LockApi, router, status_router};
+use crate::audit::{AuditConfig, AuditLog};
 use crate::bootstrap::{self, ClusterId, Identity, PristineStep};
 use crate::clock::Clock;
+use crate::hot::{DEFAULT_HOT_CAPACITY, HOT_HALF_LIFE, HotTracker};
 use crate::leadership::{Duties, LeaderEvent, on_stop};
 use crate::lease_clock::LeaseClock;
+use crate::log_level::LogControlHandle;
 use crate::metrics::Metrics;
 use crate::network::{Faults, MAX_RAFT_MESSAGE, NetworkFactory, RaftHandle, RaftService};
 use crate::policy::Policy;
 use crate::service::{LockService, ServiceInner};
-use crate::state_machine::{Applied, Event, Grant, LockState, LogCommand};
+use crate::state_machine::{Applied, Command, Event, Grant, LockState, LogCommand};
 use crate::store::{ApplyObserver, LOG_FILE, LogStore, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
 use crate::types::NodeId;
 use crate::waiters::ParkedCalls;
@@ -66,6 +69,19 @@ pub struct NodeConfig {
     pub policy: Option<Policy>,
     /// Fault injection for the raft transport (tests).
     pub faults: Option<Arc<dyn Faults>>,
+    /// A second address serving only `/metrics`, `/livez`, `/readyz`,
+    /// `/v1/status` and the operator endpoints (hot resources, log level),
+    /// for scrapers and probes that should not reach the lock API. They are
+    /// served on `listen` too.
+    pub status_listen: Option<SocketAddr>,
+    /// The audit log; `None` writes none (embedded tests). Default: on, in
+    /// `DATA_DIR/audit`.
+    pub audit: Option<AuditConfig>,
+    /// Resources tracked by the hot-resources endpoint (module `hot`).
+    pub hot_capacity: usize,
+    /// Run-time log filter changes (`/v1/admin/log-level`), when the
+    /// process owns a reloadable subscriber.
+    pub log_control: Option<LogControlHandle>,
 }
 
 impl NodeConfig {
@@ -82,6 +98,10 @@ impl NodeConfig {
             snapshot_every: 50_000,
             policy: None,
             faults: None,
+            status_listen: None,
+            audit: Some(AuditConfig::default()),
+            hot_capacity: DEFAULT_HOT_CAPACITY,
+            log_control: None,
         }
     }
 
@@ -133,6 +153,21 @@ pub enum StartError {
     /// The data dir holds raft data (log entries, a vote) but no identity file.
     #[error("data dir {0} holds raft data but no identity.json; it was not created by fencer or is damaged")]
     MissingIdentity(PathBuf),
+    /// The audit dir holds lines but the data dir is new: they belong to
+    /// another life of this node or to another cluster, whose log indexes
+    /// would be mistaken for this one's.
+    #[error(
+        "audit dir {path} holds lines up to log index {last_index}, but data dir {data_dir} is new; \
+         move those files away or choose another --audit-dir (one audit dir never mixes two logs)"
+    )]
+    ForeignAudit {
+        /// The audit dir.
+        path: PathBuf,
+        /// The data dir.
+        data_dir: PathBuf,
+        /// The last log index found in the audit dir.
+        last_index: u64,
+    },
     /// The configuration is inconsistent.
     #[error("configuration: {0}")]
     Config(String),
@@ -152,18 +187,26 @@ pub enum StartError {
     Raft(String),
 }
 
-/// Connects applied entries to the lease clock, parked calls and metrics.
+/// Connects applied entries to the lease clock, parked calls, metrics and
+/// the hot-resources tracker.
 struct NodeObserver {
     leases: Arc<LeaseClock>,
     parked: Arc<ParkedCalls>,
     metrics: Arc<Metrics>,
+    hot: Arc<HotTracker>,
+    clock: Clock,
 }
 
 impl ApplyObserver for NodeObserver {
-    fn on_applied(&self, index: u64, _entry: &LogCommand, applied: &Applied) {
+    fn on_applied(&self, index: u64, entry: &LogCommand, applied: &Applied) {
+        if let Command::Acquire { resource, .. } = &entry.cmd
+            && !applied.events.iter().any(|e| matches!(e, Event::DedupHit { .. }))
+        {
+            self.hot.acquired(resource, self.clock.now());
+        }
         for e in &applied.events {
             match e {
-                Event::LeaseStarted { resource, lease_id, token, ttl_ms, request_id, waited } => {
+                Event::LeaseStarted { resource, lease_id, token, ttl_ms, request_id, waited, .. } => {
                     self.leases.started(resource, *lease_id, *ttl_ms, index);
                     if *waited {
                         let grant = Grant {
@@ -176,11 +219,13 @@ impl ApplyObserver for NodeObserver {
                         self.parked.promoted(request_id, grant);
                     }
                 }
-                Event::LeaseRenewed { resource, lease_id, ttl_ms, index } => {
+                Event::LeaseRenewed { resource, lease_id, ttl_ms, index, .. } => {
                     self.leases.started(resource, *lease_id, *ttl_ms, *index);
                 }
-                Event::LeaseEnded { lease_id, reason, .. } => {
+                Event::LeaseEnded { resource, lease_id, reason, granted_at_ms, .. } => {
                     self.leases.ended(lease_id);
+                    let held = Duration::from_millis(entry.at_ms.saturating_sub(*granted_at_ms));
+                    self.hot.lease_ended(resource, held, self.clock.now());
                     if *reason == crate::state_machine::EndReason::Expired {
                         self.metrics.expirations.inc();
                     }
@@ -207,10 +252,13 @@ pub struct Node {
     sm: StateMachineStore,
     log: LogStore,
     local_addr: SocketAddr,
+    status_addr: Option<SocketAddr>,
+    audit_dir: Option<PathBuf>,
     cluster: Arc<ClusterId>,
     data_dir: PathBuf,
     shutdown_tx: watch::Sender<bool>,
     server: JoinHandle<()>,
+    status_server: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
     _leader_watch: openraft::raft::WatchChangeHandle<crate::types::TypeConfig>,
 }
@@ -271,21 +319,63 @@ impl Node {
             .await
             .map_err(|source| StartError::Bind { addr: config.listen, source })?;
         let local_addr = listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
+        let status_listener = match config.status_listen {
+            Some(addr) => {
+                let l =
+                    tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })?;
+                Some(l)
+            }
+            None => None,
+        };
+        let status_addr = match &status_listener {
+            Some(l) => Some(l.local_addr().map_err(|source| StartError::Bind { addr: local_addr, source })?),
+            None => None,
+        };
         let advertise = config.advertise.clone().unwrap_or_else(|| local_addr.to_string());
         let mut peers = config.peers.clone();
         peers.entry(config.node_id).or_insert(advertise);
         let metrics = Metrics::new();
+        let policy = config.policy();
+        metrics.waiters_limit.set(i64::try_from(policy.max_waiters_total).unwrap_or(i64::MAX));
+        metrics.waiters_per_resource_limit.set(i64::from(policy.max_waiters_per_resource));
+        metrics.election_timeout.set(config.election_timeout.1.as_secs_f64());
         let clock = Clock;
         let leases = Arc::new(LeaseClock::new(clock));
         let parked = Arc::new(ParkedCalls::new(clock));
-        let observer =
-            Arc::new(NodeObserver { leases: leases.clone(), parked: parked.clone(), metrics: metrics.clone() });
+        let hot = Arc::new(HotTracker::new(config.hot_capacity, HOT_HALF_LIFE));
+        let observer = Arc::new(NodeObserver {
+            leases: leases.clone(),
+            parked: parked.clone(),
+            metrics: metrics.clone(),
+            hot: hot.clone(),
+            clock,
+        });
+        let audit_dir = config.audit.as_ref().map(|a| a.dir_for(&dir));
+        let audit = match (&config.audit, &audit_dir) {
+            (Some(audit), Some(audit_dir)) => {
+                let (a, d, m) = (audit.clone(), audit_dir.clone(), metrics.clone());
+                let log = blocking(move || AuditLog::open(&d, &a, m)).await.map_err(StartError::Storage)?;
+                // Skipping "already written" lines is right for a log
+                // re-applied on its own data dir, never for a new one.
+                if let (None, Some((last_index, _))) = (&identity, log.last_position()) {
+                    return Err(StartError::ForeignAudit { path: audit_dir.clone(), data_dir: dir, last_index });
+                }
+                Some(log)
+            }
+            _ => None,
+        };
         let (log, sm) = {
             let (dir, metrics) = (dir.clone(), metrics.clone());
             blocking(move || -> std::io::Result<(LogStore, StateMachineStore)> {
                 let log = LogStore::open(&dir.join(LOG_FILE), metrics.clone())?;
-                let sm =
-                    StateMachineStore::open(&dir.join(STATE_FILE), &dir.join(SNAPSHOT_DIR), observer, metrics, clock)?;
+                let sm = StateMachineStore::open(
+                    &dir.join(STATE_FILE),
+                    &dir.join(SNAPSHOT_DIR),
+                    observer,
+                    metrics,
+                    clock,
+                    audit,
+                )?;
                 Ok((log, sm))
             })
             .await
@@ -323,7 +413,6 @@ impl Node {
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
 
-        let policy = config.policy();
         let svc = LockService::new(ServiceInner {
             raft: raft.clone(),
             sm: sm.clone(),
@@ -335,6 +424,8 @@ impl Node {
             cluster: cluster.clone(),
             election_timeout: config.election_timeout.1,
             stopping: std::sync::atomic::AtomicBool::new(false),
+            hot,
+            log_control: config.log_control.clone(),
         });
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -357,9 +448,14 @@ impl Node {
         let app = grpc
             .routes()
             .into_axum_router()
-            .merge(router(svc.clone(), metrics.clone(), config.election_timeout.1))
+            .merge(router(svc.clone(), metrics.clone()))
             .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
         let server = tokio::spawn(crate::server::serve(listener, app, shutdown_rx.clone(), SHUTDOWN_GRACE));
+        let status_server = status_listener.map(|l| {
+            let app = status_router(svc.clone(), metrics.clone())
+                .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
+            tokio::spawn(crate::server::serve(l, app, shutdown_rx.clone(), SHUTDOWN_GRACE))
+        });
 
         let mut tasks = Vec::new();
         let initialized = raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))?;
@@ -412,7 +508,15 @@ impl Node {
         tasks.push(tokio::spawn(duties.run(events_rx, shutdown_rx.clone())));
         tasks.push(tokio::spawn(watch_metrics(raft.clone(), metrics.clone(), shutdown_rx.clone())));
 
-        tracing::info!(node = config.node_id, addr = %local_addr, cluster = %cluster.to_text(), data_dir = %dir.display(), "coordinator node started");
+        tracing::info!(
+            node = config.node_id,
+            addr = %local_addr,
+            status_addr = status_addr.map(|a| a.to_string()),
+            cluster = %cluster.to_text(),
+            data_dir = %dir.display(),
+            audit_dir = audit_dir.as_ref().map(|d| d.display().to_string()),
+            "coordinator node started"
+        );
         Ok(Node {
             raft,
             svc,
@@ -420,10 +524,13 @@ impl Node {
             sm,
             log,
             local_addr,
+            status_addr,
+            audit_dir,
             cluster,
             data_dir: dir,
             shutdown_tx,
             server,
+            status_server,
             tasks,
             _leader_watch: leader_watch,
         })
@@ -432,6 +539,16 @@ impl Node {
     /// The address the node serves on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The address of the status port, when `status_listen` was given.
+    pub fn status_addr(&self) -> Option<SocketAddr> {
+        self.status_addr
+    }
+
+    /// Where this node writes its audit log, when it writes one.
+    pub fn audit_dir(&self) -> Option<&Path> {
+        self.audit_dir.as_deref()
     }
 
     /// The lock operations of this node.
@@ -490,6 +607,9 @@ impl Node {
             tracing::warn!(error = %e, "raft shutdown");
         }
         let _ = tokio::time::timeout(SHUTDOWN_GRACE + Duration::from_secs(1), self.server).await;
+        if let Some(s) = self.status_server {
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE + Duration::from_secs(1), s).await;
+        }
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }
@@ -512,12 +632,18 @@ impl Node {
     pub async fn abort(self) {
         self.svc.begin_stop();
         self.server.abort();
+        if let Some(s) = &self.status_server {
+            s.abort();
+        }
         for t in &self.tasks {
             t.abort();
         }
         let _ = self.shutdown_tx.send(true);
         let _ = self.raft.shutdown().await;
         let _ = self.server.await;
+        if let Some(s) = self.status_server {
+            let _ = s.await;
+        }
         for t in self.tasks {
             let _ = t.await;
         }
@@ -610,6 +736,7 @@ async fn watch_metrics(raft: RaftHandle, metrics: Arc<Metrics>, mut shutdown: wa
             let m = rx.borrow_and_update().clone();
             metrics.term.set(m.current_term as i64);
             metrics.is_leader.set(i64::from(m.state == openraft::ServerState::Leader));
+            metrics.has_leader.set(i64::from(m.current_leader.is_some()));
             metrics.commit_index.set(m.local_committed.as_ref().map_or(0, |l| l.index) as i64);
             if m.current_leader != last_leader {
                 if last_leader.is_some() || m.current_leader.is_some() {

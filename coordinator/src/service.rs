@@ -8,16 +8,20 @@ use std::time::Duration;
 use openraft::ReadPolicy;
 use openraft::errors::{ClientWriteError, ForwardReason, ForwardToLeader, RaftError};
 use tokio::task::JoinHandle;
+use tracing::Instrument as _;
 
 use crate::clock::Clock;
+use crate::hot::{HotOrder, HotResource, HotResources, HotTracker};
 use crate::lease_clock::LeaseClock;
-use crate::metrics::Metrics;
+use crate::log_level::LogControlHandle;
+use crate::metrics::{HealthGauges, Metrics};
 use crate::network::RaftHandle;
 use crate::policy::Policy;
 use crate::state_machine::{CancelOutcome, Command, Grant, LogCommand, Outcome, Rejection};
 use crate::store::StateMachineStore;
 use crate::types::{
-    FencingToken, Holder, InvalidField, LeaseId, NodeId, RequestId, ResourceName, TypeConfig, check_resource_chars,
+    AuditText, FencingToken, Holder, InvalidField, LeaseId, NodeId, RequestId, ResourceName, TypeConfig,
+    check_resource_chars,
 };
 use crate::waiters::{ParkedCalls, Wake};
 
@@ -201,6 +205,10 @@ pub(crate) struct ServiceInner {
     /// "callers that went away", so their queue slots are left for the
     /// retries on the next leader to reclaim.
     pub(crate) stopping: std::sync::atomic::AtomicBool,
+    /// The busiest resources (fed by the apply observer).
+    pub(crate) hot: Arc<HotTracker>,
+    /// Run-time log filter changes, when the process offers them.
+    pub(crate) log_control: Option<LogControlHandle>,
 }
 
 /// The lock operations of one node. Cheap to clone.
@@ -272,6 +280,7 @@ impl LockService {
             Ok(Err(e)) => Err(write_error(e)),
             Ok(Ok(resp)) => {
                 self.inner.metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
+                tracing::Span::current().record("log_index", resp.log_id.index);
                 Ok(resp.data)
             }
         }
@@ -326,7 +335,7 @@ impl LockService {
     /// can be acted on) even if the caller goes away.
     fn propose_detached(&self, cmd: Command) -> JoinHandle<Result<Outcome, LockError>> {
         let svc = self.clone();
-        tokio::spawn(async move { svc.propose(cmd).await })
+        tokio::spawn(async move { svc.propose(cmd).await }.in_current_span())
     }
 
     fn expires_at(&self, lease_id: &LeaseId, ttl_ms: u64) -> u64 {
@@ -338,6 +347,11 @@ impl LockService {
     }
 
     fn granted(&self, grant: Grant, request_id: RequestId) -> Granted {
+        // After a wait another call's entry granted this one: its index is
+        // the token (I2). (An immediate grant's index was recorded by propose.)
+        if grant.waited {
+            tracing::Span::current().record("log_index", grant.token.0);
+        }
         let expires_at_unix_ms = self.expires_at(&grant.lease_id, grant.ttl_ms);
         Granted { grant, request_id, expires_at_unix_ms }
     }
@@ -351,6 +365,7 @@ impl LockService {
         } else {
             RequestId::new(req.request_id)?
         };
+        tracing::Span::current().record("request_id", request_id.as_str());
         let holder = Holder::new(req.holder)?;
         let ttl = policy.ttl(req.ttl_ms)?;
         let wait = policy.wait(req.wait_timeout_ms)?;
@@ -374,6 +389,7 @@ impl LockService {
             };
         }
         if self.inner.metrics.waiters.get() as u64 >= policy.max_waiters_total {
+            self.inner.metrics.waiter_limit_reached(false);
             return Err(LockError::TooManyWaiters { limit: policy.max_waiters_total });
         }
         self.wait_in_queue(resource, request_id, Some(cmd), wait).await
@@ -450,7 +466,10 @@ impl LockService {
         match outcome {
             Outcome::Rejected(r) => match r {
                 Rejection::LockHeld { holder, token } => LockError::LockHeld { holder: holder.to_string(), token },
-                Rejection::TooManyWaiters { limit } => LockError::TooManyWaiters { limit: u64::from(limit) },
+                Rejection::TooManyWaiters { limit } => {
+                    self.inner.metrics.waiter_limit_reached(true);
+                    LockError::TooManyWaiters { limit: u64::from(limit) }
+                }
                 Rejection::NotHolder => LockError::NotHolder,
                 Rejection::LeaseExpired => LockError::LeaseExpired,
                 Rejection::RequestIdReused => LockError::RequestIdReused,
@@ -498,15 +517,20 @@ impl LockService {
         }
     }
 
-    /// Force-release (operator action; the caller is recorded by the audit log).
-    pub async fn force_release(&self, resource: &str) -> Result<ForceReleased, LockError> {
+    /// Force-release (operator action): `caller` and `reason` travel in the
+    /// log entry, so every node's audit log records who asked and why.
+    pub async fn force_release(&self, resource: &str, caller: &str, reason: &str) -> Result<ForceReleased, LockError> {
         let resource = ResourceName::new(resource)?;
+        let caller = AuditText::new(caller, "caller")?;
+        let reason = AuditText::new(reason, "reason")?;
         self.ensure_leader()?;
-        let entry = LogCommand { at_ms: self.inner.clock.wall_ms(), cmd: Command::ForceRelease { resource } };
+        let cmd = Command::ForceRelease { resource, caller, reason };
+        let entry = LogCommand { at_ms: self.inner.clock.wall_ms(), cmd };
         let resp = tokio::time::timeout(self.inner.policy.write_timeout, self.inner.raft.client_write(entry))
             .await
             .map_err(|_| LockError::Unknown("the force-release did not commit in time".into()))?
             .map_err(write_error)?;
+        tracing::Span::current().record("log_index", resp.log_id.index);
         match resp.data {
             Outcome::ForceReleased { released_token } => {
                 Ok(ForceReleased { released_token, log_index: resp.log_id.index })
@@ -686,6 +710,16 @@ impl LockService {
     }
 }
 
+fn server_state(s: openraft::ServerState) -> &'static str {
+    match s {
+        openraft::ServerState::Leader => "leader",
+        openraft::ServerState::Follower => "follower",
+        openraft::ServerState::Candidate => "candidate",
+        openraft::ServerState::Learner => "learner",
+        openraft::ServerState::Shutdown => "shutdown",
+    }
+}
+
 /// One member as seen by this node.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct MemberView {
@@ -739,8 +773,33 @@ pub struct StatusView {
     /// This node is a leader that took over its inherited leases and has a
     /// quorum: it grants, renews and expires (docs/cluster.md, "Failover").
     pub leader_ready: bool,
+    /// What `/readyz` answers (docs/operations.md, "Health").
+    pub ready: bool,
+    /// Why the node is or is not ready, for humans.
+    pub ready_reason: String,
     /// fencer version.
     pub version: &'static str,
+}
+
+/// Liveness and readiness of a node (docs/operations.md, "Health").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// The node can still make progress: raft runs and the state and audit
+    /// files are writable. When false, restart the process.
+    pub live: bool,
+    /// Why not live.
+    pub live_reason: String,
+    /// A leader is known and, on the leader, a quorum acknowledged it within
+    /// one election timeout; the node is not stopping.
+    pub ready: bool,
+    /// Why (or why not) ready.
+    pub ready_reason: String,
+    /// A leader is known.
+    pub has_leader: bool,
+    /// This node is a leader that took over its leases and has a quorum.
+    pub leader_ready: bool,
+    /// On the leader: time since a quorum last acknowledged it.
+    pub quorum_ack_age: Option<Duration>,
 }
 
 impl LockService {
@@ -778,17 +837,12 @@ impl LockService {
                 health,
             });
         }
+        let health = self.health_of(&m);
         let state = self.inner.sm.read();
         StatusView {
             node_id: m.id,
             cluster_id: self.inner.cluster.to_text(),
-            state: match m.state {
-                openraft::ServerState::Leader => "leader",
-                openraft::ServerState::Follower => "follower",
-                openraft::ServerState::Candidate => "candidate",
-                openraft::ServerState::Learner => "learner",
-                openraft::ServerState::Shutdown => "shutdown",
-            },
+            state: server_state(m.state),
             leader_id: m.current_leader,
             leader_addr: m.current_leader.and_then(|l| membership.get_node(&l).map(|n| n.addr.clone())),
             term: m.current_term,
@@ -806,8 +860,135 @@ impl LockService {
                 None
             },
             leader_ready: is_leader && self.inner.leases.is_authoritative(),
+            ready: health.ready,
+            ready_reason: health.ready_reason,
             version: env!("CARGO_PKG_VERSION"),
         }
+    }
+
+    /// Liveness and readiness from raft's metrics and the stores.
+    fn health_of(&self, m: &openraft::RaftMetrics<TypeConfig>) -> Health {
+        use openraft::rt::Instant as _;
+        let is_leader = m.state == openraft::ServerState::Leader;
+        let quorum_ack_age = if is_leader { m.last_quorum_acked.as_ref().map(|t| t.elapsed()) } else { None };
+        let (live, live_reason) = match (&m.running_state, self.inner.sm.failure_message()) {
+            (Err(fatal), _) => (false, format!("raft stopped: {fatal}")),
+            (Ok(()), Some(e)) => (false, format!("the state or audit file cannot be written: {e}")),
+            (Ok(()), None) => (true, "raft runs and the files are writable".to_string()),
+        };
+        let limit = self.inner.election_timeout;
+        let voters = m.membership_config.membership().voter_ids().count();
+        let (ready, ready_reason) = if !live {
+            (false, live_reason.clone())
+        } else if self.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            (false, "the node is shutting down".to_string())
+        } else {
+            match (m.current_leader, is_leader) {
+                (None, _) => (false, "no leader known".to_string()),
+                (Some(_), true) if voters <= 1 => (true, "leader of a single-node cluster".to_string()),
+                (Some(_), true) => match quorum_ack_age {
+                    Some(age) if age <= limit => {
+                        (true, format!("leader; quorum acknowledged {} ms ago", age.as_millis()))
+                    }
+                    Some(age) => (
+                        false,
+                        format!(
+                            "leader without a recent quorum (last acknowledgement {} ms ago, limit {} ms)",
+                            age.as_millis(),
+                            limit.as_millis()
+                        ),
+                    ),
+                    None => (false, "leader without any quorum acknowledgement yet".to_string()),
+                },
+                (Some(l), false) => (true, format!("{}; leader is node {l}", server_state(m.state))),
+            }
+        };
+        Health {
+            live,
+            live_reason,
+            ready,
+            ready_reason,
+            has_leader: m.current_leader.is_some(),
+            leader_ready: is_leader && self.inner.leases.is_authoritative(),
+            quorum_ack_age,
+        }
+    }
+
+    /// Liveness and readiness of this node now.
+    pub fn health(&self) -> Health {
+        let m = openraft::rt::watch::WatchReceiver::borrow_watched(&self.inner.raft.metrics()).clone();
+        self.health_of(&m)
+    }
+
+    /// Brings the time-dependent gauges up to date (before a scrape).
+    pub(crate) fn refresh_health_metrics(&self) {
+        let h = self.health();
+        self.inner.metrics.set_health(HealthGauges {
+            ready: h.ready,
+            has_leader: h.has_leader,
+            leader_ready: h.leader_ready,
+            quorum_ack_age: h.quorum_ack_age,
+        });
+    }
+
+    /// The busiest resources this node has applied, at most `limit`, by
+    /// `order` (module `hot`).
+    pub fn hot(&self, order: HotOrder, limit: usize) -> HotResources {
+        let clock = &self.inner.clock;
+        let hot = &self.inner.hot;
+        // Read the tracker first and let it go: apply takes the state lock,
+        // then the tracker's.
+        let tracked = hot.snapshot(clock.now());
+        let now_ms = clock.wall_ms();
+        let mut resources: Vec<HotResource> = {
+            let state = self.inner.sm.read();
+            tracked
+                .into_iter()
+                .map(|t| {
+                    let r = state.resource(&t.resource);
+                    let lock = r.and_then(|r| r.lock.as_ref());
+                    HotResource {
+                        resource: t.resource.to_string(),
+                        acquires_per_sec: t.acquires_per_sec,
+                        error_per_sec: t.error_per_sec,
+                        waiters: r.map_or(0, |r| r.waiters.len() as u32),
+                        held: lock.is_some(),
+                        holder: lock.map(|l| l.holder.to_string()),
+                        token: lock.map(|l| l.token.0),
+                        held_for_secs: lock.map(|l| now_ms.saturating_sub(l.granted_at_ms) as f64 / 1000.0),
+                        mean_hold_secs: t.mean_hold_secs,
+                    }
+                })
+                .collect()
+        };
+        let by_rate = |a: &HotResource, b: &HotResource| b.acquires_per_sec.total_cmp(&a.acquires_per_sec);
+        match order {
+            HotOrder::Acquires => resources.sort_by(by_rate),
+            HotOrder::Waiters => resources.sort_by(|a, b| b.waiters.cmp(&a.waiters).then_with(|| by_rate(a, b))),
+            HotOrder::Hold => resources.sort_by(|a, b| {
+                b.held_for_secs.unwrap_or(-1.0).total_cmp(&a.held_for_secs.unwrap_or(-1.0)).then_with(|| by_rate(a, b))
+            }),
+        }
+        let tracked = resources.len();
+        resources.truncate(limit);
+        HotResources {
+            node_id: *self.inner.raft.node_id(),
+            by: order.as_str().to_string(),
+            capacity: hot.capacity(),
+            tracked,
+            half_life_secs: hot.half_life().as_secs_f64(),
+            resources,
+        }
+    }
+
+    /// Slots of the hot-resources tracker.
+    pub fn hot_capacity(&self) -> usize {
+        self.inner.hot.capacity()
+    }
+
+    /// The run-time log filter control, if the process offers one.
+    pub(crate) fn log_control(&self) -> Option<&LogControlHandle> {
+        self.inner.log_control.as_ref()
     }
 
     /// Adds a learner that catches up from the leader.

@@ -14,6 +14,8 @@ pub const MIN_REQUEST_ID_LEN: usize = 8;
 pub const MAX_REQUEST_ID_LEN: usize = 128;
 /// Longest holder description, in bytes.
 pub const MAX_HOLDER_LEN: usize = 256;
+/// Longest caller or reason an operator attaches to an audited action, in bytes.
+pub const MAX_AUDIT_TEXT_LEN: usize = 1024;
 
 /// Why a field was refused. The `Display` text names the field and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,6 +67,13 @@ pub enum InvalidField {
     /// The holder text is too long or contains control characters.
     #[error("holder: must be at most {MAX_HOLDER_LEN} bytes without control characters")]
     Holder,
+    /// A caller or reason of an operator action is too long or contains
+    /// control characters.
+    #[error("{field}: must be at most {MAX_AUDIT_TEXT_LEN} bytes without control characters")]
+    AuditText {
+        /// `caller` or `reason`.
+        field: &'static str,
+    },
     /// The ttl is outside the policy bounds.
     #[error("ttl_ms: {value} ms is outside the allowed range {min}..={max} ms")]
     Ttl {
@@ -112,6 +121,7 @@ impl InvalidField {
             Self::RequestIdLength { .. } | Self::RequestIdBadChar { .. } => "request_id",
             Self::LeaseIdFormat { .. } => "lease_id",
             Self::Holder => "holder",
+            Self::AuditText { field } => field,
             Self::Ttl { .. } => "ttl_ms",
             Self::WaitTimeout { .. } => "wait_timeout_ms",
             Self::PageSize { .. } => "page_size",
@@ -302,6 +312,35 @@ impl fmt::Display for Holder {
     }
 }
 
+/// Free text an operator attaches to an audited action — who asked, why:
+/// at most [`MAX_AUDIT_TEXT_LEN`] bytes without control characters, so an
+/// audit record stays one line.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AuditText(String);
+
+impl AuditText {
+    /// Validates `text` for the request field `field` (named in the error).
+    pub fn new(text: impl Into<String>, field: &'static str) -> Result<Self, InvalidField> {
+        let text = text.into();
+        if text.len() > MAX_AUDIT_TEXT_LEN || text.chars().any(char::is_control) {
+            return Err(InvalidField::AuditText { field });
+        }
+        Ok(Self(text))
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for AuditText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 openraft::declare_raft_types!(
     /// The raft type configuration of fencer's coordinator.
     pub TypeConfig:
@@ -349,6 +388,14 @@ mod tests {
         assert!("xyz".parse::<LeaseId>().is_err());
         assert!("0".repeat(33).parse::<LeaseId>().is_err());
         assert!("g".repeat(32).parse::<LeaseId>().is_err());
+    }
+
+    #[test]
+    fn audit_text_stays_one_bounded_line() {
+        assert!(AuditText::new("alice: stuck job, ticket OPS-7", "reason").is_ok());
+        assert_eq!(AuditText::new("a\nb", "reason"), Err(InvalidField::AuditText { field: "reason" }));
+        assert_eq!(InvalidField::AuditText { field: "caller" }.field(), "caller");
+        assert!(AuditText::new("x".repeat(MAX_AUDIT_TEXT_LEN + 1), "caller").is_err());
     }
 
     #[test]

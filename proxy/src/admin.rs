@@ -1,6 +1,7 @@
 //! The admin API (loopback by default; no authentication until mTLS,
 //! DESIGN §7): per-resource state, paged rejections, raise-epoch and
-//! clear-indeterminate (both audited), `/metrics`, `/livez`, `/readyz`.
+//! clear-indeterminate (both audited), `/metrics`, `/livez`, `/readyz`,
+//! and the run-time log filter (`/v1/log-level`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use axum::Json;
 use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use serde::{Deserialize, Serialize};
 
 use crate::clock;
@@ -88,6 +89,8 @@ pub(crate) enum AdminError {
     WouldLower(String),
     #[error("{0}")]
     Unavailable(String),
+    #[error("{0}")]
+    NotImplemented(String),
 }
 
 impl IntoResponse for AdminError {
@@ -111,6 +114,8 @@ pub(crate) fn router(shared: Arc<FenceShared>, forward: Forward) -> axum::Router
         .route("/v1/rejections", get(rejections))
         .route("/v1/raise-epoch", post(raise_epoch))
         .route("/v1/clear-indeterminate", post(clear_indeterminate))
+        .route("/v1/log-level", get(get_log_level))
+        .route("/v1/log-level", put(set_log_level))
         .with_state(AdminState { shared, forward })
 }
 
@@ -137,6 +142,41 @@ async fn readyz(State(s): State<AdminState>) -> Response {
     let ready = problems.is_empty();
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(serde_json::json!({ "ready": ready, "problems": problems }))).into_response()
+}
+
+/// `GET`/`PUT /v1/log-level` body and answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LogLevel {
+    filter: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    previous: Option<String>,
+}
+
+fn log_control(s: &AdminState) -> Result<&crate::log_level::LogControlHandle, AdminError> {
+    s.shared
+        .config
+        .log_control
+        .as_ref()
+        .ok_or_else(|| AdminError::NotImplemented("this process did not hand the proxy a log filter control".into()))
+}
+
+async fn get_log_level(State(s): State<AdminState>) -> Result<Json<LogLevel>, AdminError> {
+    Ok(Json(LogLevel { filter: log_control(&s)?.0.current(), previous: None }))
+}
+
+/// Replaces the log filter; one that does not parse is refused (400) and
+/// the old one stays.
+async fn set_log_level(
+    State(s): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Json(req): Json<LogLevel>,
+) -> Result<Json<LogLevel>, AdminError> {
+    let control = log_control(&s)?;
+    let previous = control.0.current();
+    control.0.set(&req.filter).map_err(|e| AdminError::BadRequest(format!("filter: {e}")))?;
+    let filter = control.0.current();
+    tracing::warn!(%previous, %filter, caller = %peer, "log filter changed through the admin API");
+    Ok(Json(LogLevel { filter, previous: Some(previous) }))
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {

@@ -11,6 +11,7 @@ use http::{HeaderName, Method, Uri};
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::log_level::LogControlHandle;
 use crate::names::ResourceName;
 use crate::routes::{PathPattern, ResourceTemplate, Route, RouteKind, Router, ValuePattern};
 
@@ -52,6 +53,9 @@ pub struct ProxyConfig {
     pub limits: Limits,
     /// The ordered route table.
     pub router: Router,
+    /// Run-time log filter changes through the admin API (`/v1/log-level`),
+    /// when the process owns a reloadable subscriber; never read from a file.
+    pub log_control: Option<LogControlHandle>,
 }
 
 /// Every timeout, with its default.
@@ -440,6 +444,7 @@ impl ProxyConfig {
             timeouts,
             limits,
             router: Router::new(routes),
+            log_control: None,
         })
     }
 
@@ -479,6 +484,7 @@ impl ProxyConfig {
             timeouts: Timeouts::default(),
             limits: Limits::default(),
             router: Router::new(routes),
+            log_control: None,
         })
     }
 }

@@ -21,6 +21,7 @@
 //! - `admin`, `admin_client`: the admin API and its client.
 //! - `problem`: the one place refusals become HTTP statuses.
 //! - `metrics`, `rejections`, `clock`.
+//! - `log_level`: changing the log filter at run time.
 //!
 //! # Example
 //! ```
@@ -51,6 +52,7 @@ mod config;
 mod epoch_store;
 mod fence;
 mod forward;
+mod log_level;
 mod metrics;
 mod names;
 mod problem;
@@ -74,6 +76,7 @@ pub use self::{
     },
     fence::{Fence, FenceLayer},
     forward::Forward,
+    log_level::{LogControl, LogControlHandle},
     names::{FencingToken, MAX_RESOURCE_NAME_BYTES, ResourceName, ResourceNameError, TokenParseError},
     problem::PROBLEM_TYPE_PREFIX,
     rejections::{RejectReason, RejectionRecord, RejectionsPage},

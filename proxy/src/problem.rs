@@ -166,6 +166,7 @@ pub(crate) fn admin_error_response(err: &crate::admin::AdminError) -> axum::resp
         AdminError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found"),
         AdminError::WouldLower(_) => (StatusCode::CONFLICT, "epoch-would-decrease"),
         AdminError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        AdminError::NotImplemented(_) => (StatusCode::NOT_IMPLEMENTED, "not-implemented"),
     };
     let body = serde_json::json!({
         "type": format!("{PROBLEM_TYPE_PREFIX}{slug}"),

@@ -35,6 +35,21 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
+    /// Every reason, so each metric series exists from the start.
+    pub const ALL: [RejectReason; 11] = [
+        Self::StaleToken,
+        Self::MissingToken,
+        Self::MalformedToken,
+        Self::ResourceMismatch,
+        Self::Indeterminate,
+        Self::TokenJumpTooLarge,
+        Self::NoRoute,
+        Self::AmbiguousRequest,
+        Self::InvalidResource,
+        Self::TooManyResources,
+        Self::BodyTooLarge,
+    ];
+
     /// The snake_case name used in logs and metric labels.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -6,9 +6,83 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use fencer_coordinator::{Node, NodeConfig};
+use std::sync::Arc;
 
+use fencer_coordinator::{AuditConfig, Node, NodeConfig};
+
+use super::log_level::LogFilter;
 use super::parse_duration;
+
+/// Status-port, audit-log and hot-resource flags of `fencer coordinator`
+/// and `fencer dev` (docs/operations.md).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ObservabilityArgs {
+    /// Also serve /metrics, /livez, /readyz, /v1/status and the operator
+    /// endpoints (hot resources, log level) on this address, for scrapers
+    /// and probes that should not reach the lock API. They stay on --listen.
+    #[arg(long, env = "FENCER_STATUS_LISTEN")]
+    status_listen: Option<SocketAddr>,
+
+    /// Where the audit log is written [default: DATA_DIR/audit].
+    #[arg(long, env = "FENCER_AUDIT_DIR")]
+    audit_dir: Option<PathBuf>,
+
+    /// Rotate the audit file before it passes this size: bytes, or with a
+    /// K, M or G suffix (KiB, MiB, GiB). At least 4K.
+    #[arg(long, env = "FENCER_AUDIT_MAX_FILE_SIZE", default_value = "64M", value_parser = parse_size)]
+    audit_max_file_size: u64,
+
+    /// Audit files kept, the current one included (2–1000); older ones are
+    /// deleted. Disk use is at most about size × files.
+    #[arg(long, env = "FENCER_AUDIT_MAX_FILES", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    audit_max_files: u32,
+
+    /// Leave renewals out of the audit log (at the seed scale a third of all
+    /// lines).
+    #[arg(long, env = "FENCER_AUDIT_SKIP_RENEWALS")]
+    audit_skip_renewals: bool,
+
+    /// Resources tracked for `fencer top` (memory: about 600 bytes each).
+    #[arg(long, env = "FENCER_HOT_CAPACITY", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    hot_capacity: u32,
+}
+
+impl ObservabilityArgs {
+    /// Puts these settings into a node's configuration.
+    pub(crate) fn apply(&self, config: &mut NodeConfig, log: Arc<LogFilter>) {
+        config.status_listen = self.status_listen;
+        config.audit = Some(AuditConfig {
+            dir: self.audit_dir.clone(),
+            max_file_bytes: self.audit_max_file_size,
+            max_files: self.audit_max_files,
+            renewals: !self.audit_skip_renewals,
+        });
+        config.hot_capacity = self.hot_capacity as usize;
+        config.log_control = Some(log);
+    }
+}
+
+/// Parses `4096`, `64K`, `64M`, `1G` (binary units).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => (&t[..i], t[i..].trim()),
+        None => (t, ""),
+    };
+    let shift = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        _ => return Err(format!("{s:?}: the unit must be K, M or G")),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size like 4096, 64K or 64M"))?;
+    let bytes = n.checked_shl(shift).filter(|b| b >> shift == n).ok_or_else(|| format!("{s:?} is too large"))?;
+    if bytes < 4096 {
+        return Err(format!("{s:?} is below the minimum of 4K"));
+    }
+    Ok(bytes)
+}
 
 /// Arguments of `fencer coordinator`.
 #[derive(Debug, clap::Args)]
@@ -50,6 +124,9 @@ pub(crate) struct CoordinatorArgs {
     /// Build a snapshot (and purge the log behind it) every this many entries.
     #[arg(long, env = "FENCER_SNAPSHOT_EVERY", default_value_t = 50_000)]
     snapshot_every: u64,
+
+    #[command(flatten)]
+    observability: ObservabilityArgs,
 }
 
 fn parse_peer(s: &str) -> Result<(u64, String), String> {
@@ -65,7 +142,7 @@ fn parse_peer(s: &str) -> Result<(u64, String), String> {
     Ok((id, addr.to_string()))
 }
 
-pub(crate) async fn run(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(args: CoordinatorArgs, log: Arc<LogFilter>) -> anyhow::Result<ExitCode> {
     let mut peers = BTreeMap::new();
     for (id, addr) in args.peers {
         if let Some(prev) = peers.insert(id, addr.clone()) {
@@ -86,12 +163,14 @@ pub(crate) async fn run(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     config.heartbeat = args.heartbeat;
     config.election_timeout = (args.election_timeout, args.election_timeout * 2);
     config.snapshot_every = args.snapshot_every.max(1_000);
+    args.observability.apply(&mut config, log);
     let node = Node::start(config).await?;
     let cluster = node.cluster_id();
     eprintln!(
-        "fencer coordinator: node {} serving on {} ({})",
+        "fencer coordinator: node {} serving on {}{} ({})",
         args.id,
         node.local_addr(),
+        node.status_addr().map(|a| format!(", status on {a}")).unwrap_or_default(),
         if cluster.is_empty() {
             "looking for its cluster among --peers".to_string()
         } else {
@@ -105,7 +184,19 @@ pub(crate) async fn run(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_peer;
+    use super::{parse_peer, parse_size};
+
+    #[test]
+    fn sizes_take_binary_units_and_a_floor() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_size("64M").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert!(parse_size("1K").is_err(), "below 4 KiB");
+        assert!(parse_size("12T").is_err());
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999999G").is_err());
+    }
 
     #[test]
     fn peers_are_id_equals_address() {

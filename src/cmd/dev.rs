@@ -4,8 +4,12 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use fencer_coordinator::{Node, NodeConfig};
+
+use super::coordinator::ObservabilityArgs;
+use super::log_level::LogFilter;
 
 /// Arguments of `fencer dev`.
 #[derive(Debug, clap::Args)]
@@ -18,10 +22,14 @@ pub(crate) struct DevArgs {
     /// Address to serve gRPC, JSON over HTTP and /metrics on.
     #[arg(long, env = "FENCER_LISTEN", default_value = "127.0.0.1:7420")]
     listen: SocketAddr,
+
+    #[command(flatten)]
+    observability: ObservabilityArgs,
 }
 
-pub(crate) async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
-    let config = NodeConfig::single(&args.data_dir, args.listen);
+pub(crate) async fn run(args: DevArgs, log: Arc<LogFilter>) -> anyhow::Result<ExitCode> {
+    let mut config = NodeConfig::single(&args.data_dir, args.listen);
+    args.observability.apply(&mut config, log);
     let node = Node::start(config).await?;
     let addr = node.local_addr();
     let data_dir = std::fs::canonicalize(&args.data_dir).unwrap_or(args.data_dir.clone());
@@ -30,6 +38,7 @@ pub(crate) async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
 fencer dev — single-node coordinator (the embedded default)
   endpoint  {addr}   gRPC, JSON over HTTP, /metrics, /livez, /readyz
   data dir  {data}   locks and tokens survive restarts
+  audit log {audit}   every change, one JSON line (fencer audit --data-dir …)
   cluster   {cluster} (node 1)
   INSECURE: no TLS and no authentication; bind to loopback only. For local use.
 
@@ -41,9 +50,12 @@ Try, in another terminal:
   fencer exec orders/42 --ttl 30s -- sh -c 'echo token $FENCER_TOKEN'
   fencer list
   fencer status
+  fencer top
+  fencer audit --data-dir {data}
   curl -s http://{addr}/v1/locks/orders/42
 Stop with Ctrl-C.",
         data = data_dir.display(),
+        audit = node.audit_dir().map_or_else(|| "off".to_string(), |d| d.display().to_string()),
         cluster = node.cluster_id(),
     );
     super::shutdown_signal().await;

@@ -1,14 +1,18 @@
 //! One module per subcommand.
 
+pub(crate) mod audit;
 pub(crate) mod bench;
 pub(crate) mod completions;
 pub(crate) mod coordinator;
 pub(crate) mod dev;
 pub(crate) mod exec;
 pub(crate) mod lock;
+pub(crate) mod log_level;
 pub(crate) mod member;
+mod node_http;
 pub(crate) mod proxy;
 pub(crate) mod status;
+pub(crate) mod top;
 
 use std::time::Duration;
 

@@ -3,10 +3,13 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use fencer_proxy::{AdminClient, DEFAULT_ADMIN_ADDR, ProxyConfig, RouteKind, SimpleConfig};
+use fencer_proxy::{AdminClient, DEFAULT_ADMIN_ADDR, LogControlHandle, ProxyConfig, RouteKind, SimpleConfig};
+
+use super::log_level::LogFilter;
 
 use crate::output::{OutputFormat, print_json, print_table};
 
@@ -118,8 +121,9 @@ fn load_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
     Ok(config)
 }
 
-pub(crate) async fn run_proxy(args: ProxyArgs) -> anyhow::Result<ExitCode> {
-    let config = load_config(&args)?;
+pub(crate) async fn run_proxy(args: ProxyArgs, log: Arc<LogFilter>) -> anyhow::Result<ExitCode> {
+    let mut config = load_config(&args)?;
+    config.log_control = Some(LogControlHandle(log));
     if args.check_config {
         println!(
             "configuration OK: listen {}, upstream {}, admin {}, data dir {}",

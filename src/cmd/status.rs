@@ -1,7 +1,8 @@
 //! `fencer status`: the cluster as each of its nodes sees it. Asks the given
 //! endpoints, then every member they name, so one endpoint is enough: the
-//! table shows each member's own state, term, last and commit index, and
-//! the leader's view of its health.
+//! table shows each member's own state, term, last and commit index, its
+//! readiness (what its `/readyz` answers, with the reason when not ready)
+//! and the leader's view of its health.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -38,6 +39,10 @@ fn node_json(s: &StatusResponse) -> Value {
         "purged_index": s.purged_index,
         "locks_held": s.locks_held,
         "waiters": s.waiters,
+        "ready": s.ready,
+        "ready_reason": s.ready_reason,
+        "leader_ready": s.leader_ready,
+        "millis_since_quorum_ack": (s.millis_since_quorum_ack >= 0).then_some(s.millis_since_quorum_ack),
         "version": s.version,
         "members": s.members.iter().map(|m| json!({
             "id": m.id, "addr": m.addr, "role": m.role, "matched_index": m.matched_index,
@@ -121,10 +126,14 @@ pub(crate) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                     v["last_log_index"] = json!(s.last_log_index);
                     v["commit_index"] = json!(s.commit_index);
                     v["applied_index"] = json!(s.applied_index);
+                    v["ready"] = json!(s.ready);
+                    v["ready_reason"] = json!(s.ready_reason);
                 }
                 None => {
                     v["reachable"] = json!(false);
                     v["state"] = json!("unreachable");
+                    v["ready"] = json!(false);
+                    v["ready_reason"] = json!("did not answer");
                 }
             }
             v
@@ -170,12 +179,19 @@ pub(crate) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                         cell(m, "term"),
                         cell(m, "last_log_index"),
                         cell(m, "commit_index"),
+                        if m["ready"].as_bool() == Some(true) { "yes".into() } else { "no".into() },
                         cell(m, "health"),
                         if ack < 0 { "-".into() } else { format!("{ack}ms") },
                     ]
                 })
                 .collect();
-            print_table(&["NODE", "ADDRESS", "ROLE", "STATE", "TERM", "LAST", "COMMIT", "HEALTH", "LAST ACK"], &rows);
+            print_table(
+                &["NODE", "ADDRESS", "ROLE", "STATE", "TERM", "LAST", "COMMIT", "READY", "HEALTH", "LAST ACK"],
+                &rows,
+            );
+            for m in members.iter().filter(|m| m["ready"].as_bool() != Some(true)) {
+                eprintln!("node {} not ready: {}", cell(m, "id"), cell(m, "ready_reason"));
+            }
             for (addr, e) in &views.unreachable {
                 eprintln!("fencer: {addr} did not answer: {e}");
             }

@@ -10,6 +10,7 @@ use fencer_proto::v1::{
     NodeStatus, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, StatusRequest, StatusResponse,
 };
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use super::errors::to_status;
 use crate::metrics::Metrics;
@@ -21,20 +22,51 @@ pub(crate) struct LockApi {
     pub(crate) metrics: Arc<Metrics>,
 }
 
-/// Runs one operation, records its metrics, maps its error.
+/// The metric `op` of an Acquire: one that may queue is measured apart,
+/// its latency includes the wait.
+pub(crate) fn acquire_op(wait_timeout_ms: u64) -> &'static str {
+    if wait_timeout_ms == 0 { "acquire" } else { "acquire_wait" }
+}
+
+/// Runs one operation in its own span — `op`, `resource`, and as they
+/// become known `request_id`, `log_index` (recorded by the service) and
+/// `outcome` — records its metrics and logs its end at debug level. Every
+/// event logged while it runs carries these fields, which is how one call
+/// is followed from its arrival to the apply of its log entry (the apply
+/// logs the same `log_index`).
 pub(crate) async fn observed<T>(
     metrics: &Metrics,
     op: &'static str,
+    resource: &str,
     f: impl std::future::Future<Output = Result<T, LockError>>,
 ) -> Result<T, LockError> {
-    let started = crate::clock::Clock.now();
-    let r = f.await;
-    let outcome = match &r {
-        Ok(_) => "ok",
-        Err(e) => e.metric_outcome(),
-    };
-    metrics.observe_request(op, outcome, started.elapsed());
-    r
+    let span = tracing::info_span!(
+        "call",
+        op,
+        resource,
+        request_id = tracing::field::Empty,
+        log_index = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    async move {
+        let started = crate::clock::Clock.now();
+        let r = f.await;
+        let outcome = match &r {
+            Ok(_) => "ok",
+            Err(e) => e.metric_outcome(),
+        };
+        let elapsed = started.elapsed();
+        metrics.observe_request(op, outcome, elapsed);
+        tracing::Span::current().record("outcome", outcome);
+        match &r {
+            Err(e) if outcome == "unknown" => tracing::warn!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call ended with an unknown outcome"),
+            Err(e) => tracing::debug!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call refused"),
+            Ok(_) => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "call done"),
+        }
+        r
+    }
+    .instrument(span)
+    .await
 }
 
 pub(crate) fn view_to_proto(v: LockView) -> GetLockResponse {
@@ -53,6 +85,7 @@ pub(crate) fn view_to_proto(v: LockView) -> GetLockResponse {
 impl Lock for LockApi {
     async fn acquire(&self, request: Request<AcquireRequest>) -> Result<Response<AcquireResponse>, Status> {
         let r = request.into_inner();
+        let (op, resource) = (acquire_op(r.wait_timeout_ms), r.resource.clone());
         let req = service::AcquireRequest {
             resource: r.resource,
             request_id: r.request_id,
@@ -60,7 +93,7 @@ impl Lock for LockApi {
             wait_timeout_ms: r.wait_timeout_ms,
             holder: r.holder,
         };
-        let g = observed(&self.metrics, "acquire", self.svc.acquire(req)).await.map_err(|e| to_status(&e))?;
+        let g = observed(&self.metrics, op, &resource, self.svc.acquire(req)).await.map_err(|e| to_status(&e))?;
         Ok(Response::new(AcquireResponse {
             lease_id: g.grant.lease_id.to_string(),
             fencing_token: g.grant.token.0,
@@ -74,7 +107,7 @@ impl Lock for LockApi {
 
     async fn renew(&self, request: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
         let r = request.into_inner();
-        let ok = observed(&self.metrics, "renew", self.svc.renew(&r.resource, &r.lease_id))
+        let ok = observed(&self.metrics, "renew", &r.resource, self.svc.renew(&r.resource, &r.lease_id))
             .await
             .map_err(|e| to_status(&e))?;
         Ok(Response::new(RenewResponse {
@@ -86,7 +119,7 @@ impl Lock for LockApi {
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
         let r = request.into_inner();
-        let ok = observed(&self.metrics, "release", self.svc.release(&r.resource, &r.lease_id))
+        let ok = observed(&self.metrics, "release", &r.resource, self.svc.release(&r.resource, &r.lease_id))
             .await
             .map_err(|e| to_status(&e))?;
         Ok(Response::new(ReleaseResponse { released: ok.released, was_holder: ok.was_holder }))
@@ -94,15 +127,17 @@ impl Lock for LockApi {
 
     async fn get_lock(&self, request: Request<GetLockRequest>) -> Result<Response<GetLockResponse>, Status> {
         let r = request.into_inner();
-        let v = observed(&self.metrics, "get", self.svc.get(&r.resource)).await.map_err(|e| to_status(&e))?;
+        let v =
+            observed(&self.metrics, "get", &r.resource, self.svc.get(&r.resource)).await.map_err(|e| to_status(&e))?;
         Ok(Response::new(view_to_proto(v)))
     }
 
     async fn list_locks(&self, request: Request<ListLocksRequest>) -> Result<Response<ListLocksResponse>, Status> {
         let r = request.into_inner();
-        let (views, next) = observed(&self.metrics, "list", self.svc.list(&r.prefix, r.page_size, &r.page_token))
-            .await
-            .map_err(|e| to_status(&e))?;
+        let (views, next) =
+            observed(&self.metrics, "list", &r.prefix, self.svc.list(&r.prefix, r.page_size, &r.page_token))
+                .await
+                .map_err(|e| to_status(&e))?;
         Ok(Response::new(ListLocksResponse {
             locks: views.into_iter().map(view_to_proto).collect(),
             next_page_token: next,
@@ -145,6 +180,10 @@ pub(crate) fn status_to_proto(s: StatusView) -> StatusResponse {
         version: s.version.into(),
         snapshot_index: s.snapshot_index,
         purged_index: s.purged_index,
+        ready: s.ready,
+        ready_reason: s.ready_reason,
+        millis_since_quorum_ack: s.millis_since_quorum_ack.map_or(-1, |ms| i64::try_from(ms).unwrap_or(i64::MAX)),
+        leader_ready: s.leader_ready,
     }
 }
 
@@ -165,10 +204,12 @@ impl Admin for AdminApi {
         request: Request<ForceReleaseRequest>,
     ) -> Result<Response<ForceReleaseResponse>, Status> {
         let r = request.into_inner();
-        tracing::warn!(resource = %r.resource, caller = %r.caller, reason = %r.reason, "force-release requested");
-        let ok = observed(&self.metrics, "force_release", self.svc.force_release(&r.resource))
-            .await
-            .map_err(|e| to_status(&e))?;
+        let ok = observed(&self.metrics, "force_release", &r.resource, async {
+            tracing::warn!(caller = %r.caller, reason = %r.reason, "force-release requested");
+            self.svc.force_release(&r.resource, &r.caller, &r.reason).await
+        })
+        .await
+        .map_err(|e| to_status(&e))?;
         Ok(Response::new(ForceReleaseResponse {
             released: ok.released_token.is_some(),
             released_token: ok.released_token.map_or(0, |t| t.0),

@@ -1,5 +1,5 @@
-//! JSON over HTTP on the node's port, for curl users and scripts, plus
-//! `/metrics`, `/livez` and `/readyz`.
+//! JSON over HTTP on the node's port, for curl users and scripts, plus the
+//! status routes (also served alone on the status port, when configured).
 //!
 //! | method | path | body / query |
 //! |---|---|---|
@@ -8,26 +8,35 @@
 //! | POST | `/v1/release` | `{resource, lease_id}` |
 //! | GET | `/v1/locks/{resource}` | |
 //! | GET | `/v1/locks` | `?prefix=&page_size=&page_token=` |
-//! | GET | `/v1/status` | |
 //! | POST | `/v1/admin/force-release` | `{resource, caller?, reason?}` |
+//! | *status routes* | | |
+//! | GET | `/metrics` | Prometheus text |
+//! | GET | `/livez` | 200 while raft runs and the files are writable |
+//! | GET | `/readyz` | 200 with a known leader (and, on the leader, a recent quorum) |
+//! | GET | `/v1/status` | this node's view of the cluster |
+//! | GET | `/v1/admin/hot` | `?by=acquires\|waiters\|hold&limit=` the busiest resources |
+//! | GET, PUT | `/v1/admin/log-level` | `{filter}`: read or replace the log filter |
 //!
 //! Errors answer `{"error": {"code", "reason", "message", "metadata"}}` with
 //! the HTTP status of `api::errors::http_status`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use fencer_proto::LEADER_ADDR_HEADER;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::errors::{grpc_code, http_status, metadata};
-use super::grpc::observed;
+use super::grpc::{acquire_op, observed};
+use crate::hot::HotOrder;
+
+/// Resources listed by `/v1/admin/hot` when no `limit` is given.
+const DEFAULT_HOT_LIMIT: usize = 20;
 use crate::metrics::Metrics;
 use crate::service::{self, LockError, LockService, LockView};
 
@@ -35,23 +44,33 @@ use crate::service::{self, LockError, LockService, LockView};
 struct HttpState {
     svc: LockService,
     metrics: Arc<Metrics>,
-    election_timeout: Duration,
 }
 
-/// The JSON, metrics and health routes.
-pub(crate) fn router(svc: LockService, metrics: Arc<Metrics>, election_timeout: Duration) -> Router {
+/// The JSON lock API and the status routes.
+pub(crate) fn router(svc: LockService, metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/v1/acquire", post(acquire))
         .route("/v1/renew", post(renew))
         .route("/v1/release", post(release))
         .route("/v1/locks", get(list))
         .route("/v1/locks/{*resource}", get(get_lock))
-        .route("/v1/status", get(status))
         .route("/v1/admin/force-release", post(force_release))
+        .with_state(HttpState { svc: svc.clone(), metrics: metrics.clone() })
+        .merge(status_router(svc, metrics))
+}
+
+/// Metrics, health, status and the operator endpoints: what the status
+/// port serves (and the main port too).
+pub(crate) fn status_router(svc: LockService, metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/admin/hot", get(hot))
+        .route("/v1/admin/log-level", get(get_log_level))
+        .route("/v1/admin/log-level", put(set_log_level))
         .route("/metrics", get(metrics_text))
-        .route("/livez", get(|| async { "ok\n" }))
+        .route("/livez", get(livez))
         .route("/readyz", get(readyz))
-        .with_state(HttpState { svc, metrics, election_timeout })
+        .with_state(HttpState { svc, metrics })
 }
 
 fn error_response(e: &LockError) -> Response {
@@ -94,6 +113,7 @@ struct AcquireBody {
 }
 
 async fn acquire(State(s): State<HttpState>, Json(b): Json<AcquireBody>) -> Response {
+    let (op, resource) = (acquire_op(b.wait_timeout_ms), b.resource.clone());
     let req = service::AcquireRequest {
         resource: b.resource,
         request_id: b.request_id,
@@ -101,7 +121,7 @@ async fn acquire(State(s): State<HttpState>, Json(b): Json<AcquireBody>) -> Resp
         wait_timeout_ms: b.wait_timeout_ms,
         holder: b.holder,
     };
-    reply(observed(&s.metrics, "acquire", s.svc.acquire(req)).await.map(|g| {
+    reply(observed(&s.metrics, op, &resource, s.svc.acquire(req)).await.map(|g| {
         json!({
             "resource": g.grant.resource.as_str(),
             "lease_id": g.grant.lease_id.to_string(),
@@ -122,7 +142,7 @@ struct LeaseBody {
 
 async fn renew(State(s): State<HttpState>, Json(b): Json<LeaseBody>) -> Response {
     reply(
-        observed(&s.metrics, "renew", s.svc.renew(&b.resource, &b.lease_id)).await.map(
+        observed(&s.metrics, "renew", &b.resource, s.svc.renew(&b.resource, &b.lease_id)).await.map(
             |r| json!({ "fencing_token": r.token.0, "ttl_ms": r.ttl_ms, "expires_at_unix_ms": r.expires_at_unix_ms }),
         ),
     )
@@ -130,7 +150,7 @@ async fn renew(State(s): State<HttpState>, Json(b): Json<LeaseBody>) -> Response
 
 async fn release(State(s): State<HttpState>, Json(b): Json<LeaseBody>) -> Response {
     reply(
-        observed(&s.metrics, "release", s.svc.release(&b.resource, &b.lease_id))
+        observed(&s.metrics, "release", &b.resource, s.svc.release(&b.resource, &b.lease_id))
             .await
             .map(|r| json!({ "released": r.released, "was_holder": r.was_holder })),
     )
@@ -149,7 +169,7 @@ pub(crate) fn view_json(v: &LockView) -> Value {
 }
 
 async fn get_lock(State(s): State<HttpState>, Path(resource): Path<String>) -> Response {
-    reply(observed(&s.metrics, "get", s.svc.get(&resource)).await.map(|v| view_json(&v)))
+    reply(observed(&s.metrics, "get", &resource, s.svc.get(&resource)).await.map(|v| view_json(&v)))
 }
 
 #[derive(Deserialize)]
@@ -163,7 +183,7 @@ struct ListQuery {
 }
 
 async fn list(State(s): State<HttpState>, Query(q): Query<ListQuery>) -> Response {
-    reply(observed(&s.metrics, "list", s.svc.list(&q.prefix, q.page_size, &q.page_token)).await.map(
+    reply(observed(&s.metrics, "list", &q.prefix, s.svc.list(&q.prefix, q.page_size, &q.page_token)).await.map(
         |(views, next)| json!({ "locks": views.iter().map(view_json).collect::<Vec<_>>(), "next_page_token": next }),
     ))
 }
@@ -182,8 +202,11 @@ struct ForceBody {
 }
 
 async fn force_release(State(s): State<HttpState>, Json(b): Json<ForceBody>) -> Response {
-    tracing::warn!(resource = %b.resource, caller = %b.caller, reason = %b.reason, "force-release requested over HTTP");
-    reply(observed(&s.metrics, "force_release", s.svc.force_release(&b.resource)).await.map(|r| {
+    let call = async {
+        tracing::warn!(caller = %b.caller, reason = %b.reason, "force-release requested over HTTP");
+        s.svc.force_release(&b.resource, &b.caller, &b.reason).await
+    };
+    reply(observed(&s.metrics, "force_release", &b.resource, call).await.map(|r| {
         json!({
             "released": r.released_token.is_some(),
             "released_token": r.released_token.map_or(0, |t| t.0),
@@ -193,26 +216,76 @@ async fn force_release(State(s): State<HttpState>, Json(b): Json<ForceBody>) -> 
 }
 
 async fn metrics_text(State(s): State<HttpState>) -> Response {
+    s.svc.refresh_health_metrics();
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode())
         .into_response()
 }
 
+/// Live = raft runs and the state and audit files are writable; a node that
+/// is not live never recovers on its own (restart it).
+async fn livez(State(s): State<HttpState>) -> Response {
+    let h = s.svc.health();
+    let code = if h.live { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, format!("{}: {}\n", if h.live { "ok" } else { "not live" }, h.live_reason)).into_response()
+}
+
 /// Ready = a leader is known and, on the leader, a quorum acknowledged it
-/// within one election timeout.
+/// within one election timeout (see `LockService::health`).
 async fn readyz(State(s): State<HttpState>) -> Response {
-    let st = s.svc.status();
-    let limit = s.election_timeout.as_millis() as u64;
-    let voters = st.members.iter().filter(|m| m.role == "voter").count();
-    let (ready, why) = match (st.leader_id, st.state) {
-        (None, _) => (false, "no leader known".to_string()),
-        (Some(_), "leader") if voters == 1 => (true, "leader of a single-node cluster".to_string()),
-        (Some(_), "leader") => match st.millis_since_quorum_ack {
-            Some(ms) if ms <= limit => (true, format!("leader; quorum acknowledged {ms} ms ago")),
-            Some(ms) => (false, format!("leader without a recent quorum (last ack {ms} ms ago)")),
-            None => (false, "leader without any quorum acknowledgement yet".to_string()),
-        },
-        (Some(l), state) => (true, format!("{state}; leader is node {l}")),
-    };
-    let code = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (code, format!("{}: {why}\n", if ready { "ready" } else { "not ready" })).into_response()
+    let h = s.svc.health();
+    let code = if h.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, format!("{}: {}\n", if h.ready { "ready" } else { "not ready" }, h.ready_reason)).into_response()
+}
+
+#[derive(Deserialize)]
+struct HotQuery {
+    by: Option<HotOrder>,
+    limit: Option<usize>,
+}
+
+/// The busiest resources (module `hot`).
+async fn hot(State(s): State<HttpState>, Query(q): Query<HotQuery>) -> Response {
+    let limit = q.limit.unwrap_or(DEFAULT_HOT_LIMIT);
+    let max = s.svc.hot_capacity().max(1);
+    if limit == 0 || limit > max {
+        return bad_request(format!("limit: {limit} is outside 1..={max} (the tracker's capacity)"));
+    }
+    Json(s.svc.hot(q.by.unwrap_or(HotOrder::Acquires), limit)).into_response()
+}
+
+fn bad_request(message: String) -> Response {
+    let body = json!({ "error": { "code": "INVALID_ARGUMENT", "reason": "INVALID_ARGUMENT", "message": message, "metadata": {} } });
+    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+}
+
+#[derive(Deserialize)]
+struct LogLevelBody {
+    filter: String,
+}
+
+fn no_log_control() -> Response {
+    let body = json!({ "error": { "code": "UNIMPLEMENTED", "reason": "NO_LOG_CONTROL", "message": "this process did not hand the node a log filter control", "metadata": {} } });
+    (StatusCode::NOT_IMPLEMENTED, Json(body)).into_response()
+}
+
+async fn get_log_level(State(s): State<HttpState>) -> Response {
+    match s.svc.log_control() {
+        Some(c) => Json(json!({ "filter": c.current() })).into_response(),
+        None => no_log_control(),
+    }
+}
+
+/// Replaces the log filter; a filter that does not parse answers 400 and
+/// the old one stays.
+async fn set_log_level(State(s): State<HttpState>, Json(b): Json<LogLevelBody>) -> Response {
+    let Some(c) = s.svc.log_control() else { return no_log_control() };
+    let previous = c.current();
+    match c.set(&b.filter) {
+        Ok(()) => {
+            let filter = c.current();
+            tracing::warn!(%previous, %filter, "log filter changed through the admin endpoint");
+            Json(json!({ "filter": filter, "previous": previous })).into_response()
+        }
+        Err(e) => bad_request(format!("filter: {e}")),
+    }
 }

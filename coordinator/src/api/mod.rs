@@ -1,5 +1,6 @@
 //! The node's front ends on its one port: the gRPC services (`fencer.v1.Lock`,
-//! `fencer.v1.Admin`), JSON over HTTP for curl users, health and metrics.
+//! `fencer.v1.Admin`), JSON over HTTP for curl users, health, metrics and
+//! the operator endpoints (also on the optional status port).
 //! Errors become statuses in exactly one place, [`errors`].
 
 mod errors;
@@ -8,4 +9,4 @@ mod http;
 
 pub use self::errors::{grpc_code, http_status, to_status};
 pub(crate) use self::grpc::{AdminApi, LockApi};
-pub(crate) use self::http::router;
+pub(crate) use self::http::{router, status_router};

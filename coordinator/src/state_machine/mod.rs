@@ -13,7 +13,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{FencingToken, Holder, LeaseId, RequestId, ResourceName};
+use crate::types::{AuditText, FencingToken, Holder, LeaseId, RequestId, ResourceName};
 
 #[cfg(test)]
 mod model_tests;
@@ -90,6 +90,10 @@ pub enum Command {
     ForceRelease {
         /// The lock.
         resource: ResourceName,
+        /// Who asked, as the operator's tool reported it (for the audit log).
+        caller: AuditText,
+        /// Why, in the operator's words (for the audit log).
+        reason: AuditText,
     },
     /// Forget dedup and ended-lease records proposed before `older_than_ms`.
     PruneDedup {
@@ -120,7 +124,7 @@ impl Command {
             | Self::Release { resource, .. }
             | Self::Expire { resource, .. }
             | Self::CancelWait { resource, .. }
-            | Self::ForceRelease { resource } => Some(resource),
+            | Self::ForceRelease { resource, .. } => Some(resource),
             Self::PruneDedup { .. } => None,
         }
     }
@@ -224,6 +228,34 @@ pub enum Outcome {
     },
     /// A blank or membership entry.
     Noop,
+}
+
+impl Outcome {
+    /// Short name for logs (no lease ids: they are capabilities).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Granted(_) => "granted",
+            Self::Queued { .. } => "queued",
+            Self::Rejected(Rejection::LockHeld { .. }) => "rejected: lock held",
+            Self::Rejected(Rejection::TooManyWaiters { .. }) => "rejected: too many waiters",
+            Self::Rejected(Rejection::NotHolder) => "rejected: not holder",
+            Self::Rejected(Rejection::LeaseExpired) => "rejected: lease expired",
+            Self::Rejected(Rejection::RequestIdReused) => "rejected: request id reused",
+            Self::Rejected(Rejection::WaitCancelled) => "rejected: wait cancelled",
+            Self::Renewed { .. } => "renewed",
+            Self::Released { was_holder: true } => "released",
+            Self::Released { was_holder: false } => "already released",
+            Self::Expired { expired: true } => "expired",
+            Self::Expired { expired: false } => "not expired (renewed meanwhile)",
+            Self::WaitCancel(CancelOutcome::Cancelled) => "wait cancelled",
+            Self::WaitCancel(CancelOutcome::AlreadyGranted(_)) => "wait already granted",
+            Self::WaitCancel(CancelOutcome::NotWaiting) => "not waiting",
+            Self::ForceReleased { released_token: Some(_) } => "force-released",
+            Self::ForceReleased { released_token: None } => "force-release of a free lock",
+            Self::Pruned { .. } => "pruned",
+            Self::Noop => "noop",
+        }
+    }
 }
 
 /// How a lease ended, remembered (until pruned) to tell LEASE_EXPIRED from NOT_HOLDER.
@@ -384,6 +416,8 @@ pub enum Event {
         ttl_ms: u64,
         /// The request that gets it.
         request_id: RequestId,
+        /// Who holds it now.
+        holder: Holder,
         /// Whether it came from the queue.
         waited: bool,
     },
@@ -393,6 +427,10 @@ pub enum Event {
         resource: ResourceName,
         /// The lease.
         lease_id: LeaseId,
+        /// Its token.
+        token: FencingToken,
+        /// Who holds it.
+        holder: Holder,
         /// Its ttl.
         ttl_ms: u64,
         /// The index of the renewal.
@@ -406,6 +444,11 @@ pub enum Event {
         lease_id: LeaseId,
         /// Its token.
         token: FencingToken,
+        /// Who held it.
+        holder: Holder,
+        /// Leader wall time of its grant, so the hold time is
+        /// `at_ms - granted_at_ms` of the ending entry.
+        granted_at_ms: u64,
         /// How.
         reason: EndReason,
     },
@@ -427,6 +470,10 @@ pub enum Event {
         resource: ResourceName,
         /// The request.
         request_id: RequestId,
+        /// Who waited.
+        holder: Holder,
+        /// The lease id it would have got.
+        lease_id: LeaseId,
     },
 }
 
@@ -571,7 +618,7 @@ impl LockState {
                 Outcome::Expired { expired: current }
             }
             Command::CancelWait { resource, request_id } => self.cancel_wait(at_ms, resource, request_id, &mut events),
-            Command::ForceRelease { resource } => {
+            Command::ForceRelease { resource, .. } => {
                 let token = self.current_lock(resource).map(|l| l.token);
                 if token.is_some() {
                     self.end_lease(index, at_ms, resource, EndReason::ForceReleased, &mut events);
@@ -624,6 +671,7 @@ impl LockState {
                     token: FencingToken(index),
                     ttl_ms,
                     request_id: request_id.clone(),
+                    holder: holder.clone(),
                     waited: false,
                 });
                 let grant =
@@ -715,9 +763,16 @@ impl LockState {
             return Outcome::Rejected(self.not_current(resource, lease_id));
         }
         lock.renewed_index = index;
-        let (token, ttl_ms) = (lock.token, lock.ttl_ms);
+        let (token, ttl_ms, holder) = (lock.token, lock.ttl_ms, lock.holder.clone());
         self.changes.resources.insert(resource.clone());
-        events.push(Event::LeaseRenewed { resource: resource.clone(), lease_id: *lease_id, ttl_ms, index });
+        events.push(Event::LeaseRenewed {
+            resource: resource.clone(),
+            lease_id: *lease_id,
+            token,
+            holder,
+            ttl_ms,
+            index,
+        });
         Outcome::Renewed { token, ttl_ms }
     }
 
@@ -758,13 +813,20 @@ impl LockState {
         self.ended.insert(old.lease_id, EndedLease { resource: ResourceHash::of(resource), reason, index, at_ms });
         self.changes.ended_put.insert(old.lease_id);
         self.changes.ended_del.remove(&old.lease_id);
-        events.push(Event::LeaseEnded { resource: resource.clone(), lease_id: old.lease_id, token: old.token, reason });
+        events.push(Event::LeaseEnded {
+            resource: resource.clone(),
+            lease_id: old.lease_id,
+            token: old.token,
+            holder: old.holder,
+            granted_at_ms: old.granted_at_ms,
+            reason,
+        });
         if let Some(next) = state.waiters.pop_front() {
             self.waiter_count -= 1;
             let token = FencingToken(index);
             state.lock = Some(LockRecord {
                 lease_id: next.lease_id,
-                holder: next.holder,
+                holder: next.holder.clone(),
                 token,
                 ttl_ms: next.ttl_ms,
                 request_id: next.request_id.clone(),
@@ -784,6 +846,7 @@ impl LockState {
                 token,
                 ttl_ms: next.ttl_ms,
                 request_id: next.request_id,
+                holder: next.holder,
                 waited: true,
             });
         }
@@ -803,7 +866,7 @@ impl LockState {
         if let Some(state) = self.resources.get_mut(resource)
             && let Some(pos) = state.waiters.iter().position(|w| &w.request_id == request_id)
         {
-            state.waiters.remove(pos);
+            let waiter = state.waiters.remove(pos).expect("position is in the queue");
             self.waiter_count -= 1;
             if state.is_idle() {
                 self.resources.remove(resource);
@@ -814,7 +877,12 @@ impl LockState {
                 rec.at_ms = at_ms;
                 self.changes.dedup_put.insert(request_id.clone());
             }
-            events.push(Event::WaiterCancelled { resource: resource.clone(), request_id: request_id.clone() });
+            events.push(Event::WaiterCancelled {
+                resource: resource.clone(),
+                request_id: request_id.clone(),
+                holder: waiter.holder,
+                lease_id: waiter.lease_id,
+            });
             return Outcome::WaitCancel(CancelOutcome::Cancelled);
         }
         match self.dedup.get(request_id) {

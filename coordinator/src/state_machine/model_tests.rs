@@ -140,7 +140,7 @@ impl Model {
                     _ => Outcome::WaitCancel(CancelOutcome::NotWaiting),
                 }
             }
-            Command::ForceRelease { resource } => {
+            Command::ForceRelease { resource, .. } => {
                 let token = self.holders.get(resource.as_str()).map(|h| FencingToken(h.1));
                 if token.is_some() {
                     self.end(index, resource.as_str(), EndReason::ForceReleased);
@@ -240,7 +240,11 @@ fn resolve(op: &Op, sm: &LockState, issued: &[LeaseId], index: u64) -> Command {
             }
         }
         Op::Cancel { req: r, res: s } => Command::CancelWait { resource: res(s), request_id: req(r) },
-        Op::Force { res: s } => Command::ForceRelease { resource: res(s) },
+        Op::Force { res: s } => Command::ForceRelease {
+            resource: res(s),
+            caller: AuditText::new("model", "caller").unwrap(),
+            reason: AuditText::new("model test", "reason").unwrap(),
+        },
     }
 }
 

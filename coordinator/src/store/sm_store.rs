@@ -13,6 +13,11 @@
 //! the disk does not hold before raft purges the log behind it. A persister
 //! failure is sticky: the next apply returns it and raft stops, rather than
 //! let the file skip a batch. No redb call runs on an async worker thread.
+//!
+//! The audit log (module `audit`) rides along: apply derives each entry's
+//! audit records, the persister writes them before it commits the state
+//! they describe and syncs them before every durable commit, so the audit
+//! file is never behind the state file.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Cursor, Write as _};
@@ -29,6 +34,7 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use serde::{Deserialize, Serialize};
 
 use super::codec::{decode, encode, io_err};
+use crate::audit::{AuditLog, AuditRecord, records_for};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::state_machine::{Applied, Changes, LockState, LogCommand, Outcome};
@@ -80,6 +86,8 @@ struct Shared {
     observer: Arc<dyn ApplyObserver>,
     metrics: Arc<Metrics>,
     clock: Clock,
+    /// `Some(renewals recorded?)` when an audit log is written.
+    audit: Option<bool>,
 }
 
 /// Batches queued for the persister before applies wait for it.
@@ -89,14 +97,20 @@ const PERSIST_GROUP: usize = 256;
 
 /// Work for the persister thread.
 enum PersistOp {
-    /// Write a batch's changed keys and applied id (merged with neighbours).
-    Batch { writes: Writes, applied: LogIdT, membership: Option<Membership> },
+    /// Write a batch's audit lines, then its changed keys and applied id
+    /// (merged with neighbours).
+    Batch { writes: Writes, applied: LogIdT, membership: Option<Membership>, audit: Vec<AuditRecord> },
     /// Make everything so far durable.
     Sync { done: oneshot::Sender<io::Result<()>> },
     /// Make everything so far durable and dump the tables at that point.
     Snapshot { done: oneshot::Sender<io::Result<(SnapshotMeta, TableDump)>> },
-    /// Replace every table with a snapshot's.
-    Replace { meta: SnapshotMeta, dump: Arc<TableDump>, done: oneshot::Sender<io::Result<()>> },
+    /// Replace every table with a snapshot's (and say so in the audit log).
+    Replace {
+        meta: SnapshotMeta,
+        dump: Arc<TableDump>,
+        audit: Option<Box<AuditRecord>>,
+        done: oneshot::Sender<io::Result<()>>,
+    },
 }
 
 /// The redb-backed [`RaftStateMachine`]. Clones share one state.
@@ -119,7 +133,8 @@ fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 }
 
 impl StateMachineStore {
-    /// Opens (or creates) the state file and loads the state into memory.
+    /// Opens (or creates) the state file and loads the state into memory;
+    /// with `audit`, records every applied change there (module `audit`).
     /// Blocking: call it from `spawn_blocking` or before serving.
     pub fn open(
         path: &Path,
@@ -127,6 +142,7 @@ impl StateMachineStore {
         observer: Arc<dyn ApplyObserver>,
         metrics: Arc<Metrics>,
         clock: Clock,
+        audit: Option<AuditLog>,
     ) -> io::Result<Self> {
         std::fs::create_dir_all(snapshot_dir)
             .map_err(|e| io_err(&format!("create snapshot dir {}", snapshot_dir.display()), e))?;
@@ -148,6 +164,7 @@ impl StateMachineStore {
         let (persist, rx) = mpsc::channel(PERSIST_QUEUE);
         let failed = Arc::new(Mutex::new(None));
         let (closed, closed_rx) = tokio::sync::watch::channel(());
+        let audit_renewals = audit.as_ref().map(AuditLog::renewals);
         let persister = Persister {
             db,
             _closed: closed,
@@ -156,6 +173,8 @@ impl StateMachineStore {
             applied,
             membership: membership.clone(),
             last_immediate_ms: clock.wall_ms(),
+            audit,
+            metrics: metrics.clone(),
         };
         std::thread::Builder::new()
             .name("fencer-state-persist".into())
@@ -172,6 +191,7 @@ impl StateMachineStore {
                 observer,
                 metrics,
                 clock,
+                audit: audit_renewals,
             }),
         })
     }
@@ -190,6 +210,12 @@ impl StateMachineStore {
     /// store handle dropped and the persister ended).
     pub fn closed(&self) -> tokio::sync::watch::Receiver<()> {
         self.shared.closed.clone()
+    }
+
+    /// The persister's first failure, if the state or audit file could not
+    /// be written (the node then applies nothing more until restarted).
+    pub fn failure_message(&self) -> Option<String> {
+        self.shared.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Makes everything applied so far durable.
@@ -349,14 +375,17 @@ fn write_changes(
 /// The thread that writes applied batches to the state file, in order.
 struct Persister {
     db: Database,
-    /// Dropped (after `db`) when the thread ends: the file is closed.
-    _closed: tokio::sync::watch::Sender<()>,
     failed: Arc<Mutex<Option<String>>>,
     clock: Clock,
     /// What the file holds once the open transaction commits.
     applied: Option<LogIdT>,
     membership: Membership,
     last_immediate_ms: u64,
+    /// Written before every commit, synced before every durable one.
+    audit: Option<AuditLog>,
+    metrics: Arc<Metrics>,
+    /// Dropped last (after `db` and `audit`) when the thread ends: the files are closed.
+    _closed: tokio::sync::watch::Sender<()>,
 }
 
 impl Persister {
@@ -392,7 +421,7 @@ impl Persister {
     fn fail(&self, e: &io::Error) {
         let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         if failed.is_none() {
-            tracing::error!(error = %e, "state file write failed; the node stops applying until restarted");
+            tracing::error!(error = %e, "state or audit file write failed; the node stops applying until restarted");
             *failed = Some(e.to_string());
         }
     }
@@ -402,13 +431,20 @@ impl Persister {
         failed.as_ref().map(|m| io_err("the state file could not be written earlier", m))
     }
 
-    /// Commits, durably when asked or when the last durable commit is a second old.
+    /// Commits, durably when asked or when the last durable commit is a
+    /// second old. The audit lines of everything in the transaction reach
+    /// the audit file first, and its disk before a durable commit.
     fn commit(&mut self, mut tx: redb::WriteTransaction, durable: bool) -> io::Result<()> {
+        let started = self.clock.now();
         let now_ms = self.clock.wall_ms();
         let durable = durable || now_ms.saturating_sub(self.last_immediate_ms) >= 1_000;
+        if let Some(audit) = &mut self.audit {
+            if durable { audit.sync()? } else { audit.flush()? }
+        }
         tx.set_durability(if durable { Durability::Immediate } else { Durability::None })
             .map_err(|e| io_err("set durability", e))?;
         tx.commit().map_err(|e| io_err("commit state", e))?;
+        self.metrics.state_persist_seconds.observe(started.elapsed().as_secs_f64());
         if durable {
             self.last_immediate_ms = now_ms;
         }
@@ -426,9 +462,12 @@ impl Persister {
 
     fn handle(&mut self, op: PersistOp, open: &mut Option<redb::WriteTransaction>) -> io::Result<()> {
         match op {
-            PersistOp::Batch { writes, applied, membership } => {
+            PersistOp::Batch { writes, applied, membership, audit } => {
                 if let Some(e) = self.is_failed() {
                     return Err(e);
+                }
+                if let Some(log) = &mut self.audit {
+                    log.append(&audit)?;
                 }
                 if open.is_none() {
                     *open = Some(self.db.begin_write().map_err(|e| io_err("begin state write", e))?);
@@ -456,8 +495,8 @@ impl Persister {
                 let _ = done.send(reply);
                 result
             }
-            PersistOp::Replace { meta, dump, done } => {
-                let r = self.replace(open, &meta, &dump);
+            PersistOp::Replace { meta, dump, audit, done } => {
+                let r = self.replace(open, &meta, &dump, audit);
                 let reply = r.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string()));
                 let _ = done.send(reply);
                 r
@@ -478,9 +517,13 @@ impl Persister {
         open: &mut Option<redb::WriteTransaction>,
         meta: &SnapshotMeta,
         dump: &TableDump,
+        audit: Option<Box<AuditRecord>>,
     ) -> io::Result<()> {
         if let Some(tx) = open.take() {
             self.commit(tx, false)?;
+        }
+        if let (Some(log), Some(record)) = (&mut self.audit, audit) {
+            log.append(&[*record])?;
         }
         let tx = self.db.begin_write().map_err(|e| io_err("begin", e))?;
         {
@@ -524,7 +567,6 @@ enum Item {
     Blank,
 }
 
-/// Applies a batch: in memory under the write lock, then one redb commit.
 /// Applies a batch in memory (CPU only: the state lock, the observer, and
 /// encoding the changed keys) and returns the outcomes and the persister's work.
 fn apply_in_memory(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<(Vec<Outcome>, Option<PersistOp>)> {
@@ -532,6 +574,7 @@ fn apply_in_memory(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<(V
     let mut outcomes = Vec::with_capacity(items.len());
     let mut last = None;
     let mut membership = None;
+    let mut audit = Vec::new();
     let writes = {
         let mut state = shared.state.write().unwrap_or_else(|p| p.into_inner());
         for (log_id, item) in items {
@@ -539,9 +582,32 @@ fn apply_in_memory(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<(V
                 Item::Command(index, cmd) => {
                     let applied = state.apply(index, &cmd);
                     shared.observer.on_applied(index, &cmd, &applied);
+                    if let Some(renewals) = shared.audit {
+                        records_for(index, &cmd, &applied, renewals, &mut audit);
+                    }
+                    tracing::debug!(
+                        log_index = index,
+                        op = cmd.cmd.name(),
+                        resource = cmd.cmd.resource().map(|r| r.as_str()),
+                        request_id = match &cmd.cmd {
+                            crate::state_machine::Command::Acquire { request_id, .. } => Some(request_id.as_str()),
+                            _ => None,
+                        },
+                        outcome = applied.outcome.name(),
+                        "applied"
+                    );
                     outcomes.push(applied.outcome);
                 }
                 Item::Membership(m) => {
+                    if shared.audit.is_some() {
+                        let config = m.membership();
+                        audit.push(AuditRecord::membership(
+                            log_id.index,
+                            shared.clock.wall_ms(),
+                            config.voter_ids().collect(),
+                            config.learner_ids().collect(),
+                        ));
+                    }
                     membership = Some(m);
                     outcomes.push(Outcome::Noop);
                 }
@@ -565,7 +631,7 @@ fn apply_in_memory(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<(V
     shared.metrics.applied_index.set(last.index as i64);
     shared.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
     shared.metrics.apply_batch_entries.observe(outcomes.len() as f64);
-    Ok((outcomes, Some(PersistOp::Batch { writes, applied: last, membership })))
+    Ok((outcomes, Some(PersistOp::Batch { writes, applied: last, membership, audit })))
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
@@ -736,7 +802,11 @@ async fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Res
     .await
     .map_err(|e| io_err("install task", e))??;
     let (done, rx) = oneshot::channel();
-    shared.send(PersistOp::Replace { meta: meta.clone(), dump: Arc::new(dump), done }).await?;
+    let audit = match (shared.audit, &meta.last_log_id) {
+        (Some(_), Some(l)) => Some(Box::new(AuditRecord::snapshot_installed(l.index, shared.clock.wall_ms()))),
+        _ => None,
+    };
+    shared.send(PersistOp::Replace { meta: meta.clone(), dump: Arc::new(dump), audit, done }).await?;
     rx.await.map_err(|_| persister_gone())??;
     {
         let mut state = shared.state.write().unwrap_or_else(|p| p.into_inner());
