@@ -74,13 +74,18 @@ fn expired_keys_are_refused_at_issue_and_now_with_skew() {
     // Issued while valid, presented after the end (+ skew): refused.
     let old = parse(&s.sign("db/orders", 1, LID, end - HOUR).unwrap());
     let err = r.verify(&old, "db/orders", NOW).unwrap_err();
-    assert_eq!(err, VerifyError::ExpiredKey { kid: KeyId::new("k1").unwrap(), not_after_unix_ms: end, at_unix_ms: NOW });
+    assert_eq!(
+        err,
+        VerifyError::ExpiredKey { kid: KeyId::new("k1").unwrap(), not_after_unix_ms: end, at_unix_ms: NOW }
+    );
     // Within the skew allowance of the end: still accepted.
     assert!(r.verify(&old, "db/orders", end + 29_999).is_ok());
     assert!(r.verify(&old, "db/orders", end + 30_000).is_err());
     // Issued after the end: refused even if "now" were earlier.
     let late = parse(&s.sign("db/orders", 1, LID, end + 30_000).unwrap());
-    assert!(matches!(r.verify(&late, "db/orders", end), Err(VerifyError::ExpiredKey { at_unix_ms, .. }) if at_unix_ms == end + 30_000));
+    assert!(
+        matches!(r.verify(&late, "db/orders", end), Err(VerifyError::ExpiredKey { at_unix_ms, .. }) if at_unix_ms == end + 30_000)
+    );
 }
 
 #[test]
