@@ -12,6 +12,8 @@
 //! - [`config_text`]: the `proxy.toml` loader.
 //! - [`key_set`]: the signing key-set file.
 
+use std::sync::OnceLock;
+
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 
 use fencer_token::{KeyId, KeyRing, KeySet, MAX_TOKEN_BYTES, PresentedToken, Signer};
@@ -92,7 +94,8 @@ pub fn token_header(data: &[u8]) {
 /// Applies the edits `data` describes (each 3 bytes: a 2-byte position, a
 /// byte) to a genuine token: any token that differs from it is refused.
 pub fn signed_token_mutation(data: &[u8]) {
-    let genuine = genuine_token();
+    static GENUINE: OnceLock<String> = OnceLock::new();
+    let genuine = GENUINE.get_or_init(genuine_token);
     let mut token = genuine.clone().into_bytes();
     for edit in data.chunks_exact(3) {
         let at = usize::from(u16::from_le_bytes([edit[0], edit[1]]));
@@ -179,7 +182,8 @@ resource = "everything"
 /// Route classification: `data` is a method selector byte, then lines: the
 /// request target, then `name: value` headers.
 pub fn route_match(data: &[u8]) {
-    let config = ProxyConfig::from_toml_str(FUZZ_ROUTES).expect("the fuzz routes are valid");
+    static CONFIG: OnceLock<ProxyConfig> = OnceLock::new();
+    let config = CONFIG.get_or_init(|| ProxyConfig::from_toml_str(FUZZ_ROUTES).expect("the fuzz routes are valid"));
     let Some((&selector, rest)) = data.split_first() else {
         return;
     };
@@ -243,6 +247,53 @@ pub fn key_set(data: &[u8]) {
         assert_eq!(again, set);
         KeyRing::new(&set).expect("a parsed key set makes a ring");
     }
+}
+
+/// A check by its target name (the cargo-fuzz binary of the same name).
+pub fn check_by_name(target: &str) -> Option<fn(&[u8])> {
+    Some(match target {
+        "token_header" => token_header,
+        "signed_token_mutation" => signed_token_mutation,
+        "route_match" => route_match,
+        "resource_name" => resource_name,
+        "config_text" => config_text,
+        "key_set" => key_set,
+        _ => return None,
+    })
+}
+
+/// Seed inputs per target: valid and nearly valid cases that lead the
+/// fuzzers into the interesting paths. Written to `fuzz/seeds/` by
+/// `cargo test -p fencer-proxy --features fuzzing write_fuzz_seeds -- --ignored`,
+/// and checked on every `cargo test`.
+pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let genuine = genuine_token();
+    let sig = genuine.rsplit('.').next().unwrap_or_default().to_owned();
+    let key_set = KeySet { keys: vec![fuzz_signer().public_entry(1, Some(2))] }.to_json();
+    let secured = format!(
+        "{FUZZ_ROUTES}\n[signing]\nkeys_file = \"keys.json\"\nrequire_signed = false\nclock_skew = \"5s\"\n\n[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nclient_ca_file = \"ca.pem\"\n"
+    );
+    let text = |s: &str| s.as_bytes().to_vec();
+    vec![
+        ("token_header", genuine.clone().into_bytes()),
+        ("token_header", text("42")),
+        ("token_header", text("18446744073709551615")),
+        ("token_header", format!("v1.eyJraWQiOiJmdXp6LWsxIn0.{sig}").into_bytes()),
+        ("token_header", text("v2.a.b")),
+        ("signed_token_mutation", vec![]),
+        ("signed_token_mutation", vec![10, 0, b'B', 200, 0, 0, 5, 0, 1]),
+        ("route_match", text("\x00/db/orders/rows/7")),
+        ("route_match", text("\x01/write?db=metrics&precision=s")),
+        ("route_match", text("\x00/query?q=SHOW+DATABASES")),
+        ("route_match", text("\x02/t/x\nX-Tenant: acme\nx-other: 1")),
+        ("route_match", text("\x00/db/%2e%2e/x")),
+        ("resource_name", text(FUZZ_RESOURCE)),
+        ("resource_name", text("a/../b")),
+        ("resource_name", "r".repeat(256).into_bytes()),
+        ("config_text", text(FUZZ_ROUTES)),
+        ("config_text", secured.into_bytes()),
+        ("key_set", key_set.into_bytes()),
+    ]
 }
 
 #[cfg(test)]
@@ -355,6 +406,25 @@ mod tests {
             }),
         ]) {
             key_set(&data);
+        }
+    }
+
+    #[test]
+    fn the_seeds_pass_their_checks() {
+        for (target, data) in seeds() {
+            check_by_name(target).expect("a known target")(&data);
+        }
+    }
+
+    /// Writes `fuzz/seeds/<target>/<n>` (run by hand after changing seeds).
+    #[test]
+    #[ignore = "writes the seed corpus into the source tree"]
+    fn write_fuzz_seeds() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
+        for (n, (target, data)) in seeds().into_iter().enumerate() {
+            let dir = root.join(target);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(format!("seed-{n:02}")), data).unwrap();
         }
     }
 
