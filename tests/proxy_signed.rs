@@ -140,6 +140,8 @@ async fn t80_a_forged_huge_token_does_not_move_the_epoch() {
         (signer("k1", 66).sign("db/a", huge, LID, now_ms()).unwrap().into_string(), "bad-signature"),
         (with_claims(t150.as_str(), &claims), "bad-signature"),
         (signer("k-attacker", 66).sign("db/a", huge, LID, now_ms()).unwrap().into_string(), "unknown-key"),
+        // Within max_epoch_jump: only the signature check stands in the way.
+        (signer("k1", 66).sign("db/a", 150 + 999, LID, now_ms()).unwrap().into_string(), "bad-signature"),
     ];
     for (token, slug) in &forgeries {
         let resp = h.write("db/a", token).await;
@@ -152,13 +154,13 @@ async fn t80_a_forged_huge_token_does_not_move_the_epoch() {
     let log = h.rejections(forgeries.len()).await;
     let reasons: Vec<RejectReason> = log.iter().map(|r| r.reason).collect();
     use RejectReason::{BadSignature, UnknownKey, UnsignedToken};
-    assert_eq!(reasons, [UnsignedToken, BadSignature, BadSignature, UnknownKey]);
-    assert!(log.iter().all(|r| r.presented_token == Some(huge) && r.current_epoch.is_none()));
+    assert_eq!(reasons, [UnsignedToken, BadSignature, BadSignature, UnknownKey, BadSignature]);
+    assert!(log[..4].iter().all(|r| r.presented_token == Some(huge) && r.current_epoch.is_none()));
     assert!(log.iter().all(|r| r.status == 403 && r.route.as_deref() == Some("/db/{name}/*")));
     let metrics = h.metrics().await;
     for line in [
         "fencer_proxy_rejected_total{reason=\"unsigned_token\"} 1",
-        "fencer_proxy_rejected_total{reason=\"bad_signature\"} 2",
+        "fencer_proxy_rejected_total{reason=\"bad_signature\"} 3",
         "fencer_proxy_rejected_total{reason=\"unknown_key\"} 1",
     ] {
         assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
