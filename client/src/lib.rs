@@ -25,7 +25,7 @@
 //!   release-on-drop.
 //! - `renewal` — the renewal task and its timing.
 //! - `acquire_all` — ordered multi-lock acquisition, [`LeaseSet`].
-//! - `stamp` — the tower layer, [`Stamp`] and [`PlainToken`].
+//! - `stamp` — the tower layer, [`Stamp`], [`PlainToken`] and [`SignedStamp`].
 //! - `clock` — the only place time and timing randomness are read.
 //! - `types` — [`FencingToken`], [`LeaseId`].
 //! - `error` — [`ClientError`] and [`Reason`], decoded from `google.rpc.ErrorInfo`.
@@ -74,8 +74,8 @@ pub use self::clock::Instant;
 pub use self::error::{ClientError, Reason};
 pub use self::lease::{Lease, LeaseHandle, LeaseState, LostReason, ReleaseError, Released};
 pub use self::stamp::{
-    Claim, FENCING_RESOURCE_HEADER, FENCING_TOKEN_HEADER, PlainToken, Stamp, StampError, StampLayer, Stamped,
-    StampedError, StampedFuture,
+    Claim, FENCING_RESOURCE_HEADER, FENCING_TOKEN_HEADER, PlainToken, SignedStamp, Stamp, StampError, StampLayer,
+    Stamped, StampedError, StampedFuture,
 };
 pub use self::types::{FencingToken, LeaseId};
 pub use fencer_proto::v1::{

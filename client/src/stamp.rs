@@ -9,10 +9,13 @@
 //! it has seen, with `409 application/problem+json`.
 //!
 //! How the token travels is a [`Stamp`]. [`PlainToken`] sends
-//! `Fencing-Token: <u64>` (and optionally `Fencing-Resource`), which is what
-//! the proxy reads today. Signed tokens (DESIGN P7) will be another `Stamp`
-//! reading the signature from the [`Claim`] (a `#[non_exhaustive]` struct that
-//! will gain that field), without changing the layer.
+//! `Fencing-Token: <u64>` (and optionally `Fencing-Resource`). [`SignedStamp`]
+//! sends the coordinator's signed token, `Fencing-Token: v1.<claims>.<sig>`
+//! (DESIGN P7), which proxies configured with signing keys require; it is
+//! built from the token string the grant carried and refuses to stamp it on
+//! a request for another resource or token. [`Claim`] is
+//! `#[non_exhaustive]`, so the lease can later hand the signed token to the
+//! stamp itself without changing the layer.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -67,13 +70,75 @@ impl PlainToken {
     }
 }
 
+fn stamp_resource(claim: &Claim<'_>, headers: &mut HeaderMap) -> Result<(), StampError> {
+    let value = HeaderValue::from_str(claim.resource)
+        .map_err(|_| StampError(format!("resource {:?} is not a valid header value", claim.resource)))?;
+    headers.insert(FENCING_RESOURCE_HEADER, value);
+    Ok(())
+}
+
 impl Stamp for PlainToken {
     fn stamp(&self, claim: &Claim<'_>, headers: &mut HeaderMap) -> Result<(), StampError> {
         headers.insert(FENCING_TOKEN_HEADER, HeaderValue::from(claim.token.get()));
         if self.with_resource {
-            let value = HeaderValue::from_str(claim.resource)
-                .map_err(|_| StampError(format!("resource {:?} is not a valid header value", claim.resource)))?;
-            headers.insert(FENCING_RESOURCE_HEADER, value);
+            stamp_resource(claim, headers)?;
+        }
+        Ok(())
+    }
+}
+
+/// `Fencing-Token: v1.<claims>.<sig>`: the lease's signed token (DESIGN P7),
+/// and `Fencing-Resource` if asked for.
+///
+/// Before each request it checks that the token's claims name the lease's
+/// resource and fencing token, so a token left over from another lease is
+/// never sent. It does not verify the signature (clients hold no keys; the
+/// proxy does), and the claims it checks are not trusted for anything else.
+#[derive(Debug, Clone)]
+pub struct SignedStamp {
+    token: fencer_token::SignedToken,
+    value: HeaderValue,
+    with_resource: bool,
+}
+
+impl SignedStamp {
+    /// Parses `signed_token` (`v1.<claims>.<sig>`, as the coordinator
+    /// issued it); a plain number or a malformed token is refused.
+    pub fn new(signed_token: &str) -> Result<Self, StampError> {
+        let token = fencer_token::SignedToken::parse(signed_token.as_bytes())
+            .map_err(|e| StampError(format!("not a signed fencing token: {e}")))?;
+        let value = HeaderValue::from_str(token.as_str())
+            .map_err(|_| StampError("the signed token is not a valid header value".into()))?;
+        Ok(Self { token, value, with_resource: false })
+    }
+
+    /// Also send `Fencing-Resource` (see [`PlainToken::with_resource`]).
+    pub fn with_resource(mut self) -> Self {
+        self.with_resource = true;
+        self
+    }
+
+    /// What the token claims (unverified).
+    pub fn claims(&self) -> &fencer_token::Claims {
+        self.token.unverified_claims()
+    }
+}
+
+impl Stamp for SignedStamp {
+    fn stamp(&self, claim: &Claim<'_>, headers: &mut HeaderMap) -> Result<(), StampError> {
+        let signed = self.token.unverified_claims();
+        if signed.resource() != claim.resource || signed.token() != claim.token.get() {
+            return Err(StampError(format!(
+                "the signed token is for resource {:?} token {}, but this lease holds {:?} token {}",
+                signed.resource(),
+                signed.token(),
+                claim.resource,
+                claim.token
+            )));
+        }
+        headers.insert(FENCING_TOKEN_HEADER, self.value.clone());
+        if self.with_resource {
+            stamp_resource(claim, headers)?;
         }
         Ok(())
     }
@@ -287,5 +352,34 @@ mod tests {
         let err = svc.clone().oneshot(Request::new(())).await.unwrap_err();
         assert!(matches!(err, StampedError::NotHeld(LeaseState::Lost(LostReason::DeadlinePassed))), "{err}");
         assert_eq!(seen.lock().unwrap().len(), 1, "refused requests never reach the inner service");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stamps_the_signed_token_of_this_lease_only() {
+        let core = core(Duration::from_secs(30), crate::clock::now());
+        let lease = LeaseHandle::from_core(core);
+        let signer = fencer_token::Signer::from_secret_bytes(fencer_token::KeyId::new("k1").unwrap(), &[1; 32]);
+        let mine = signer.sign("orders/42", 7, 1, 1_770_000_000_000).unwrap();
+        let seen = Seen::default();
+        let svc = StampLayer::new(lease.clone())
+            .with_stamp(SignedStamp::new(mine.as_str()).unwrap().with_resource())
+            .layer(upstream(seen.clone()));
+        assert_eq!(svc.oneshot(Request::new(())).await.unwrap(), 200);
+        {
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen[0][FENCING_TOKEN_HEADER], mine.as_str());
+            assert_eq!(seen[0][FENCING_RESOURCE_HEADER], "orders/42");
+        }
+
+        // Another lease's token (other resource, or older token) is never sent.
+        for other in [signer.sign("orders/43", 7, 1, 1).unwrap(), signer.sign("orders/42", 6, 1, 1).unwrap()] {
+            let svc = StampLayer::new(lease.clone())
+                .with_stamp(SignedStamp::new(other.as_str()).unwrap())
+                .layer(upstream(seen.clone()));
+            let err = svc.oneshot(Request::new(())).await.unwrap_err();
+            assert!(matches!(err, StampedError::Stamp(_)), "{err}");
+        }
+        assert_eq!(seen.lock().unwrap().len(), 1);
+        assert!(SignedStamp::new("7").is_err(), "a plain number is not a signed token");
     }
 }

@@ -116,6 +116,7 @@ pub(crate) fn router(shared: Arc<FenceShared>, forward: Forward) -> axum::Router
         .route("/v1/clear-indeterminate", post(clear_indeterminate))
         .route("/v1/log-level", get(get_log_level))
         .route("/v1/log-level", put(set_log_level))
+        .route("/v1/reload-keys", post(reload_keys))
         .with_state(AdminState { shared, forward })
 }
 
@@ -287,4 +288,24 @@ async fn clear_indeterminate(
     let was = shared.resources.clear_indeterminate(&state);
     tracing::warn!(resource = %name, was_indeterminate = was, reason = %req.reason, caller = %peer, "indeterminate cleared by an operator");
     Ok(Json(ClearIndeterminateResponse { resource: name.to_string(), was_indeterminate: was }))
+}
+
+async fn reload_keys(
+    State(s): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+) -> Result<Json<crate::signing::KeysLoaded>, AdminError> {
+    use crate::signing::KeysError;
+    let loaded = crate::signing::KeyReloader(s.shared.tokens.clone()).reload().map_err(|e| match e {
+        KeysError::NotConfigured => AdminError::NotFound(e.to_string()),
+        KeysError::Load { .. } | KeysError::Empty { .. } => AdminError::BadRequest(e.to_string()),
+    })?;
+    let audit = serde_json::json!({
+        "time": clock::wall_rfc3339(),
+        "op": "reload_keys",
+        "keys_file": loaded.keys_file,
+        "key_ids": loaded.key_ids,
+        "caller": peer.to_string(),
+    });
+    s.shared.store.audit(audit.to_string().into_bytes()).await.map_err(|e| AdminError::Unavailable(e.to_string()))?;
+    Ok(Json(loaded))
 }

@@ -146,6 +146,12 @@ impl AdminClient {
     ) -> Result<ClearIndeterminateResponse, AdminClientError> {
         self.call(Method::POST, "/v1/clear-indeterminate", Some(Self::encode(req))).await
     }
+
+    /// Re-reads the proxy's signing key-set file (audited); on failure the
+    /// keys in force stay and the error says why.
+    pub async fn reload_keys(&self) -> Result<crate::signing::KeysLoaded, AdminClientError> {
+        self.call(Method::POST, "/v1/reload-keys", None).await
+    }
 }
 
 fn encode_query(s: &str) -> String {

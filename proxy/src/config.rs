@@ -29,7 +29,8 @@ pub const DEFAULT_MAX_EPOCH_JUMP: u64 = 10_000_000_000;
 pub struct ProxyConfig {
     /// Where clients connect.
     pub listen: SocketAddr,
-    /// The protected service, `http://host:port` (HTTP/1.1 only).
+    /// The protected service, `http://host:port` or `https://host:port`
+    /// (HTTP/1.1 only).
     pub upstream: Uri,
     /// Directory of the epoch store (`epochs.redb`), the rejection log
     /// (`rejections.jsonl`) and the admin audit log (`audit.jsonl`).
@@ -44,9 +45,18 @@ pub struct ProxyConfig {
     /// Header whose value is logged as the request id (default
     /// `X-Request-Id`); one is generated when it is absent.
     pub request_id_header: HeaderName,
-    /// Largest amount one request may raise a resource's epoch by (P7
-    /// stand-in until signed tokens). Admin raise-epoch is not capped.
+    /// Largest amount one request may raise a resource's epoch by. With
+    /// signed tokens it is the second line of defence (a leaked signing key
+    /// still cannot jump an epoch arbitrarily far); without them, the first.
+    /// Admin raise-epoch is not capped.
     pub max_epoch_jump: u64,
+    /// Signed tokens (P7): the public keys and how strictly to check.
+    /// `None`: tokens are plain numbers and nothing vouches for them.
+    pub signing: Option<SigningConfig>,
+    /// TLS on the client-facing listener; `None`: plaintext HTTP.
+    pub tls: Option<ListenerTls>,
+    /// TLS to the upstream; set exactly when the upstream is `https://`.
+    pub upstream_tls: Option<UpstreamTls>,
     /// Timeouts.
     pub timeouts: Timeouts,
     /// Size and count limits.
@@ -58,11 +68,59 @@ pub struct ProxyConfig {
     pub log_control: Option<LogControlHandle>,
 }
 
+/// Signed-token verification (P7), the `[signing]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SigningConfig {
+    /// The key-set file, `{"keys":[…]}` as the coordinator exports it. Read
+    /// at start and again on SIGHUP or `POST /v1/reload-keys`.
+    pub keys_file: PathBuf,
+    /// Refuse plain (unsigned) tokens with `unsigned_token` (default true).
+    /// Turn it off only while clients migrate to signed tokens.
+    pub require_signed: bool,
+    /// Allowance for clocks that disagree, applied to key windows (default
+    /// 30 s).
+    pub clock_skew: Duration,
+}
+
+/// TLS on the client-facing listener, the `[tls]` table. Plaintext
+/// connections to a TLS listener fail the handshake and are closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerTls {
+    /// PEM certificate chain, leaf first.
+    pub cert_file: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// PEM CA certificates. When set, every client must present a
+    /// certificate that chains to one of them (mTLS), and the rejection
+    /// log's `caller` is the identity it names.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// TLS from the proxy to an `https://` upstream, the `[upstream_tls]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTls {
+    /// PEM CA certificates the upstream's certificate must chain to (no
+    /// system roots are used).
+    pub ca_file: PathBuf,
+    /// PEM client certificate chain the proxy presents (mTLS upstream);
+    /// set together with `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+    /// Name the upstream's certificate must carry, when it is not the
+    /// upstream URL's host.
+    pub server_name: Option<String>,
+}
+
+/// Default clock-skew allowance for signing-key windows.
+pub const DEFAULT_CLOCK_SKEW: Duration = fencer_token::DEFAULT_CLOCK_SKEW;
+
 /// Every timeout, with its default.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timeouts {
-    /// TCP connect to the upstream (default 2 s). A connect failure sent no
-    /// bytes, so it is a plain 502, never "outcome unknown".
+    /// TCP connect to the upstream, and the TLS handshake for an `https://`
+    /// upstream (default 2 s). A connect failure sent no bytes, so it is a
+    /// plain 502, never "outcome unknown".
     pub connect: Duration,
     /// From the start of the upstream call to the upstream's response
     /// headers, including sending the request body (default 30 s). Past it:
@@ -73,8 +131,11 @@ pub struct Timeouts {
     /// How long a resource stays indeterminate after the upstream connection
     /// of an unknown outcome closed (default 30 s, P4).
     pub quarantine: Duration,
-    /// Time a client has to send its request headers (default 10 s).
+    /// Time a client has to send its request headers (default 10 s). It also
+    /// closes idle HTTP/1 keep-alive connections.
     pub header_read: Duration,
+    /// Time a client has to complete the TLS handshake (default 10 s).
+    pub tls_handshake: Duration,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish
     /// (default 30 s).
     pub shutdown_grace: Duration,
@@ -88,6 +149,7 @@ impl Default for Timeouts {
             body_idle: Duration::from_secs(60),
             quarantine: Duration::from_secs(30),
             header_read: Duration::from_secs(10),
+            tls_handshake: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
         }
     }
@@ -99,6 +161,11 @@ pub struct Limits {
     /// Requests handled at once; beyond it the proxy answers 503 at once
     /// rather than queueing (default 1,024).
     pub max_concurrent_requests: usize,
+    /// Client connections open at once, TLS handshakes included; beyond it
+    /// the proxy stops accepting until one closes (default 4,096).
+    pub max_connections: usize,
+    /// Concurrent streams on one HTTP/2 connection (default 100).
+    pub max_streams_per_connection: u32,
     /// Read buffer for a request head, so the largest request line plus
     /// headers, in bytes (default 65,536; at least 8,192).
     pub max_header_bytes: usize,
@@ -123,6 +190,8 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_concurrent_requests: 1024,
+            max_connections: 4096,
+            max_streams_per_connection: 100,
             max_header_bytes: 64 * 1024,
             max_headers: 100,
             max_request_body_bytes: 64 * 1024 * 1024,
@@ -193,6 +262,9 @@ struct RawConfig {
     resource_header: Option<Spanned<String>>,
     request_id_header: Option<Spanned<String>>,
     max_epoch_jump: Option<Spanned<u64>>,
+    signing: Option<Spanned<RawSigning>>,
+    tls: Option<Spanned<RawListenerTls>>,
+    upstream_tls: Option<Spanned<RawUpstreamTls>>,
     #[serde(default)]
     timeouts: RawTimeouts,
     #[serde(default)]
@@ -209,13 +281,41 @@ struct RawTimeouts {
     body_idle: Option<Spanned<String>>,
     quarantine: Option<Spanned<String>>,
     header_read: Option<Spanned<String>>,
+    tls_handshake: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSigning {
+    keys_file: Spanned<String>,
+    require_signed: Option<bool>,
+    clock_skew: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListenerTls {
+    cert_file: Spanned<String>,
+    key_file: Spanned<String>,
+    client_ca_file: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUpstreamTls {
+    ca_file: Spanned<String>,
+    cert_file: Option<Spanned<String>>,
+    key_file: Option<Spanned<String>>,
+    server_name: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawLimits {
     max_concurrent_requests: Option<Spanned<u64>>,
+    max_connections: Option<Spanned<u64>>,
+    max_streams_per_connection: Option<Spanned<u64>>,
     max_header_bytes: Option<Spanned<u64>>,
     max_headers: Option<Spanned<u64>>,
     max_request_body_bytes: Option<Spanned<u64>>,
@@ -259,25 +359,79 @@ impl Locator<'_> {
 
 fn parse_upstream(raw: &str) -> Result<Uri, String> {
     let uri: Uri = raw.parse().map_err(|e| format!("upstream {raw:?} is not a URL: {e}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err("https upstreams are not supported yet; the upstream is expected on loopback (P9)".into());
-        }
-        _ => return Err(format!("upstream {raw:?} must start with http://")),
-    }
+    let scheme = match uri.scheme_str() {
+        Some(s @ ("http" | "https")) => s.to_owned(),
+        _ => return Err(format!("upstream {raw:?} must start with http:// or https://")),
+    };
     let Some(authority) = uri.authority() else {
         return Err(format!("upstream {raw:?} has no host"));
     };
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        return Err(format!("upstream {raw:?} must be http://host:port with no path or query"));
+        return Err(format!("upstream {raw:?} must be {scheme}://host:port with no path or query"));
     }
     Uri::builder()
-        .scheme("http")
+        .scheme(scheme.as_str())
         .authority(authority.as_str())
         .path_and_query("/")
         .build()
         .map_err(|e| format!("upstream {raw:?}: {e}"))
+}
+
+fn non_empty_path(loc: &Locator<'_>, s: &Spanned<String>, key: &str) -> Result<PathBuf, ConfigError> {
+    if s.get_ref().is_empty() {
+        return Err(loc.at(s, format!("{key} must not be empty")));
+    }
+    Ok(PathBuf::from(s.get_ref()))
+}
+
+fn build_signing(loc: &Locator<'_>, raw: &RawSigning) -> Result<SigningConfig, ConfigError> {
+    let clock_skew = match &raw.clock_skew {
+        None => DEFAULT_CLOCK_SKEW,
+        Some(v) => humantime::parse_duration(v.get_ref())
+            .map_err(|e| loc.at(v, format!("{:?} is not a duration like \"30s\": {e}", v.get_ref())))?,
+    };
+    if clock_skew > Duration::from_secs(3600) {
+        return Err(loc.at(raw.clock_skew.as_ref().expect("set when not the default"), "clock_skew must be at most 1h"));
+    }
+    Ok(SigningConfig {
+        keys_file: non_empty_path(loc, &raw.keys_file, "keys_file")?,
+        require_signed: raw.require_signed.unwrap_or(true),
+        clock_skew,
+    })
+}
+
+fn build_listener_tls(loc: &Locator<'_>, raw: &RawListenerTls) -> Result<ListenerTls, ConfigError> {
+    Ok(ListenerTls {
+        cert_file: non_empty_path(loc, &raw.cert_file, "cert_file")?,
+        key_file: non_empty_path(loc, &raw.key_file, "key_file")?,
+        client_ca_file: raw.client_ca_file.as_ref().map(|c| non_empty_path(loc, c, "client_ca_file")).transpose()?,
+    })
+}
+
+fn build_upstream_tls(
+    loc: &Locator<'_>,
+    raw: &Spanned<RawUpstreamTls>,
+    upstream: &Uri,
+) -> Result<UpstreamTls, ConfigError> {
+    if upstream.scheme_str() != Some("https") {
+        return Err(loc.at(raw, "[upstream_tls] is set but the upstream is http://; use https:// or remove it"));
+    }
+    let r = raw.get_ref();
+    let cert_file = r.cert_file.as_ref().map(|c| non_empty_path(loc, c, "cert_file")).transpose()?;
+    let key_file = r.key_file.as_ref().map(|k| non_empty_path(loc, k, "key_file")).transpose()?;
+    if cert_file.is_some() != key_file.is_some() {
+        return Err(
+            loc.at(raw, "cert_file and key_file (the proxy's client certificate) are set together or not at all")
+        );
+    }
+    let server_name = match &r.server_name {
+        None => None,
+        Some(n) => {
+            crate::tls::parse_server_name(n.get_ref()).map_err(|reason| loc.at(n, reason))?;
+            Some(n.get_ref().clone())
+        }
+    };
+    Ok(UpstreamTls { ca_file: non_empty_path(loc, &r.ca_file, "ca_file")?, cert_file, key_file, server_name })
 }
 
 fn parse_header_name(raw: &str) -> Result<HeaderName, String> {
@@ -346,6 +500,15 @@ impl ProxyConfig {
             })?;
         let upstream = parse_upstream(raw.upstream.get_ref()).map_err(|r| loc.at(&raw.upstream, r))?;
         check_listen_vs_upstream(listen, &upstream).map_err(|r| loc.at(&raw.upstream, r))?;
+        let upstream_tls = match &raw.upstream_tls {
+            Some(t) => Some(build_upstream_tls(&loc, t, &upstream)?),
+            None if upstream.scheme_str() == Some("https") => {
+                return Err(loc.at(&raw.upstream, "an https:// upstream needs [upstream_tls] with at least ca_file"));
+            }
+            None => None,
+        };
+        let signing = raw.signing.as_ref().map(|s| build_signing(&loc, s.get_ref())).transpose()?;
+        let tls = raw.tls.as_ref().map(|t| build_listener_tls(&loc, t.get_ref())).transpose()?;
         if raw.data_dir.get_ref().is_empty() {
             return Err(loc.at(&raw.data_dir, "data_dir must not be empty"));
         }
@@ -386,6 +549,7 @@ impl ProxyConfig {
             (&raw.timeouts.body_idle, &mut timeouts.body_idle),
             (&raw.timeouts.quarantine, &mut timeouts.quarantine),
             (&raw.timeouts.header_read, &mut timeouts.header_read),
+            (&raw.timeouts.tls_handshake, &mut timeouts.tls_handshake),
             (&raw.timeouts.shutdown_grace, &mut timeouts.shutdown_grace),
         ] {
             if let Some(v) = field {
@@ -404,6 +568,12 @@ impl ProxyConfig {
         let to_usize = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
         if let Some(v) = lim(&raw.limits.max_concurrent_requests, 1, 1_000_000, "max_concurrent_requests")? {
             limits.max_concurrent_requests = to_usize(v);
+        }
+        if let Some(v) = lim(&raw.limits.max_connections, 1, 1_000_000, "max_connections")? {
+            limits.max_connections = to_usize(v);
+        }
+        if let Some(v) = lim(&raw.limits.max_streams_per_connection, 1, 10_000, "max_streams_per_connection")? {
+            limits.max_streams_per_connection = u32::try_from(v).unwrap_or(u32::MAX);
         }
         if let Some(v) = lim(&raw.limits.max_header_bytes, 8192, 16 * 1024 * 1024, "max_header_bytes")? {
             limits.max_header_bytes = to_usize(v);
@@ -441,6 +611,9 @@ impl ProxyConfig {
             resource_header,
             request_id_header,
             max_epoch_jump,
+            signing,
+            tls,
+            upstream_tls,
             timeouts,
             limits,
             router: Router::new(routes),
@@ -448,11 +621,27 @@ impl ProxyConfig {
         })
     }
 
+    /// Loads every file the configuration names besides the data dir — the
+    /// signing keys, the TLS certificates, keys and CAs — and reports the
+    /// first that cannot be used. `--check-config` runs it; `start` loads the
+    /// same files and refuses to start on the same errors.
+    pub fn check_files(&self) -> Result<(), crate::server::StartError> {
+        crate::signing::TokenVerifier::new(self.signing.clone())?;
+        crate::listener::ClientAcceptor::new(self)?;
+        crate::forward::Forward::new(self)?;
+        Ok(())
+    }
+
     /// The flag form: `--resource NAME` for every path, writes by default,
     /// `--read-route METHOD:PATH` allow-listed.
     pub fn simple(args: SimpleConfig) -> Result<Self, ConfigError> {
         let flag = |flag: &'static str| move |reason: String| ConfigError::Flag { flag, reason };
         let upstream = parse_upstream(&args.upstream).map_err(flag("--upstream"))?;
+        if upstream.scheme_str() == Some("https") {
+            return Err(flag("--upstream")(
+                "an https:// upstream needs its CA: use --config with an [upstream_tls] table".into(),
+            ));
+        }
         check_listen_vs_upstream(args.listen, &upstream).map_err(flag("--upstream"))?;
         let resource = ResourceName::new(args.resource).map_err(|e| flag("--resource")(e.to_string()))?;
         let fixed = ResourceTemplate::fixed(&resource);
@@ -481,6 +670,9 @@ impl ProxyConfig {
             resource_header: HeaderName::from_static("fencing-resource"),
             request_id_header: HeaderName::from_static("x-request-id"),
             max_epoch_jump: DEFAULT_MAX_EPOCH_JUMP,
+            signing: None,
+            tls: None,
+            upstream_tls: None,
             timeouts: Timeouts::default(),
             limits: Limits::default(),
             router: Router::new(routes),
@@ -615,6 +807,68 @@ resource = "influx/{db}"
 
         let (line, reason) = err_of("listen = \"127.0.0.1:1\"\nupstream = 3\n");
         assert_eq!(line, 2, "{reason}");
+    }
+
+    #[test]
+    fn signing_and_tls_tables_parse_with_their_defaults() {
+        let text = GOOD.replace(
+            "[timeouts]",
+            "[signing]\nkeys_file = \"keys.json\"\n\n[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n\n[timeouts]",
+        );
+        let c = ProxyConfig::from_toml_str(&text).unwrap();
+        let signing = c.signing.unwrap();
+        assert_eq!(signing.keys_file, PathBuf::from("keys.json"));
+        assert!(signing.require_signed, "keys configured: unsigned tokens are refused by default");
+        assert_eq!(signing.clock_skew, DEFAULT_CLOCK_SKEW);
+        assert_eq!(c.tls.unwrap().client_ca_file, None);
+        assert_eq!(c.upstream_tls, None);
+        assert_eq!(c.timeouts.tls_handshake, Duration::from_secs(10));
+        assert_eq!((c.limits.max_connections, c.limits.max_streams_per_connection), (4096, 100));
+
+        let https = GOOD
+            .replace("http://127.0.0.1:8086", "https://db.internal:8443")
+            .replace("[timeouts]", "[upstream_tls]\nca_file = \"ca.pem\"\nserver_name = \"db\"\n\n[timeouts]");
+        let c = ProxyConfig::from_toml_str(&https).unwrap();
+        assert_eq!(c.upstream, "https://db.internal:8443/");
+        assert_eq!(c.upstream_tls.unwrap().server_name.as_deref(), Some("db"));
+    }
+
+    #[test]
+    fn tls_and_signing_mistakes_are_refused_with_their_line() {
+        let https = GOOD.replace("http://127.0.0.1:8086", "https://127.0.0.1:8086");
+        let (line, reason) = err_of(&https);
+        assert_eq!(line, 3);
+        assert!(reason.contains("[upstream_tls]"), "{reason}");
+
+        let (_, reason) = err_of(&GOOD.replace("[timeouts]", "[upstream_tls]\nca_file = \"ca.pem\"\n[timeouts]"));
+        assert!(reason.contains("upstream is http://"), "{reason}");
+
+        let half =
+            https.replace("[timeouts]", "[upstream_tls]\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"\n[timeouts]");
+        let (_, reason) = err_of(&half);
+        assert!(reason.contains("set together"), "{reason}");
+
+        let (_, reason) = err_of(&GOOD.replace("[timeouts]", "[signing]\nkeys_file = \"\"\n[timeouts]"));
+        assert!(reason.contains("keys_file must not be empty"), "{reason}");
+
+        let (line, reason) =
+            err_of(&GOOD.replace("[timeouts]", "[signing]\nkeys_file = \"k\"\nrequire_signd = true\n[timeouts]"));
+        assert_eq!(line, 8);
+        assert!(reason.contains("require_signd"), "{reason}");
+
+        let (_, reason) =
+            err_of(&GOOD.replace("[timeouts]", "[signing]\nkeys_file = \"k\"\nclock_skew = \"2h\"\n[timeouts]"));
+        assert!(reason.contains("at most 1h"), "{reason}");
+
+        let bad = SimpleConfig {
+            listen: "127.0.0.1:1".parse().unwrap(),
+            upstream: "https://127.0.0.1:2".into(),
+            resource: "orders".into(),
+            data_dir: "d".into(),
+            admin: "127.0.0.1:3".parse().unwrap(),
+            read_routes: vec![],
+        };
+        assert!(ProxyConfig::simple(bad).unwrap_err().to_string().contains("[upstream_tls]"));
     }
 
     #[test]

@@ -25,11 +25,17 @@ use crate::names::FencingToken;
 use crate::problem::Refusal;
 use crate::rejections::{RejectReason, RejectionRecord};
 use crate::routes::{ClassifyError, RouteKind};
+use crate::signing::TokenVerifier;
 use crate::state::{InFlight, ResourceState, Resources};
 
 /// The client's address, put on each request by the server.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PeerAddr(pub(crate) SocketAddr);
+
+/// The identity named by the client's verified certificate (mTLS listener),
+/// put on each request by the server; the rejection log's caller.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientIdentity(pub(crate) Arc<str>);
 
 /// Longest request id taken from a client header; longer ones are replaced.
 const MAX_REQUEST_ID_LEN: usize = 128;
@@ -41,6 +47,8 @@ pub(crate) struct FenceShared {
     pub(crate) store: EpochStore,
     pub(crate) resources: Arc<Resources>,
     pub(crate) metrics: Arc<Metrics>,
+    /// Parses and verifies tokens before the fence sees them (P7).
+    pub(crate) tokens: Arc<TokenVerifier>,
     request_id_prefix: String,
     request_counter: AtomicU64,
 }
@@ -51,6 +59,7 @@ impl FenceShared {
         store: EpochStore,
         resources: Arc<Resources>,
         metrics: Arc<Metrics>,
+        tokens: Arc<TokenVerifier>,
     ) -> Self {
         let random = getrandom::u64().unwrap_or_else(|_| clock::unix_ms());
         Self {
@@ -58,6 +67,7 @@ impl FenceShared {
             store,
             resources,
             metrics,
+            tokens,
             request_id_prefix: format!("fp-{:08x}", random as u32),
             request_counter: AtomicU64::new(0),
         }
@@ -249,7 +259,11 @@ impl Fence {
         }
         let mut log = LogCtx {
             method: req.method().to_string(),
-            caller: req.extensions().get::<PeerAddr>().map_or_else(|| "unknown".to_owned(), |p| p.0.to_string()),
+            caller: match (req.extensions().get::<ClientIdentity>(), req.extensions().get::<PeerAddr>()) {
+                (Some(id), _) => id.0.to_string(),
+                (None, Some(peer)) => peer.0.to_string(),
+                (None, None) => "unknown".to_owned(),
+            },
             request_id,
             route: None,
             resource: None,
@@ -333,11 +347,13 @@ impl Fence {
                     rejected(RejectReason::MalformedToken, format!("more than one {} header", config.token_header)),
                 );
             }
-            (Some(v), None) => match FencingToken::parse(v.as_bytes()) {
+            // P7: parsed and, when signed, verified before the epoch can move.
+            (Some(v), None) => match shared.tokens.check(v.as_bytes(), &resource) {
                 Ok(t) => t,
-                Err(e) => {
-                    return self
-                        .refuse(&log, rejected(RejectReason::MalformedToken, format!("{}: {e}", config.token_header)));
+                Err(refusal) => {
+                    log.token = refusal.claimed;
+                    let detail = format!("{}: {}", config.token_header, refusal.detail);
+                    return self.refuse(&log, rejected(refusal.reason, detail));
                 }
             },
         };
@@ -469,7 +485,8 @@ impl Fence {
     }
 
     /// What a raise from `epoch` to `token` must pass: not indeterminate
-    /// (P4), not a jump beyond the cap (P7 stand-in).
+    /// (P4), not a jump beyond the cap (P7's second line of defence: even a
+    /// genuinely signed token, say from a leaked key, moves E only so far).
     fn check_raise(&self, state: &ResourceState, token: FencingToken, epoch: u64) -> Result<(), Refusal> {
         if let Some((status, retry_after)) = self.shared.resources.indeterminate(state) {
             return Err(Refusal::Rejected {

@@ -1,7 +1,8 @@
-//! Forwarding to the upstream: a pooled HTTP/1.1 client, timeouts on every
-//! call, bodies streamed both ways, and the distinction P4 needs between
-//! "nothing was sent" (connect failed: 502, safe) and "bytes went upstream,
-//! then timeout or reset" (outcome unknown: 504, never retried).
+//! Forwarding to the upstream: a pooled HTTP/1.1 client (plain or TLS),
+//! timeouts on every call, bodies streamed both ways, and the distinction P4
+//! needs between "nothing was sent" (connect or TLS handshake failed: 502,
+//! safe) and "bytes went upstream, then timeout or reset" (outcome unknown:
+//! 504, never retried).
 
 use std::future::Future;
 use std::io;
@@ -13,6 +14,7 @@ use http::{HeaderMap, HeaderName, Request, Response, Uri, header};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{CaptureConnection, Connected, Connection, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -22,6 +24,7 @@ use tokio::sync::watch;
 use crate::body::{BoxError, IdleTimeoutBody, ProxyBody};
 use crate::clock;
 use crate::config::ProxyConfig;
+use crate::tls::{self, TlsError};
 
 /// The connection a request went out on, once hyper has picked one.
 pub(crate) fn captured_connection(capture: &CaptureConnection) -> Option<ConnectionClosed> {
@@ -115,6 +118,44 @@ impl tower::Service<Uri> for TrackingConnector {
     }
 }
 
+/// Bounds the whole connect, TCP and TLS handshake together, by
+/// `timeouts.connect`; an overrun is a connect error (nothing was sent).
+#[derive(Clone)]
+pub(crate) struct ConnectTimeout<C> {
+    inner: C,
+    timeout: Duration,
+}
+
+impl<C> tower::Service<Uri> for ConnectTimeout<C>
+where
+    C: tower::Service<Uri>,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, connecting).await {
+                Ok(result) => result.map_err(Into::into),
+                Err(_) => Err(format!("connecting (TCP and any TLS handshake) took longer than {timeout:?}").into()),
+            }
+        })
+    }
+}
+
+/// The upstream connector: connect timeout around TLS (for `https://`)
+/// around TCP, whose stream reports when it closes.
+type UpstreamConnector = ConnectTimeout<HttpsConnector<TrackingConnector>>;
+
 /// How an upstream call failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ForwardError {
@@ -133,7 +174,7 @@ type UpstreamRequestBody = ProxyBody;
 /// The forwarding service at the bottom of the stack.
 #[derive(Clone)]
 pub struct Forward {
-    client: Client<TrackingConnector, UpstreamRequestBody>,
+    client: Client<UpstreamConnector, UpstreamRequestBody>,
     upstream: Uri,
     response_timeout: Duration,
     body_idle: Duration,
@@ -174,29 +215,54 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 impl Forward {
-    /// Builds the pooled client from the config's upstream, timeouts and
-    /// limits.
-    pub fn new(config: &ProxyConfig) -> Self {
+    /// Builds the pooled client from the config's upstream, TLS, timeouts
+    /// and limits. Fails when the upstream TLS files cannot be used.
+    pub fn new(config: &ProxyConfig) -> Result<Self, TlsError> {
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(config.timeouts.connect));
         http.set_nodelay(true);
-        http.enforce_http(true);
+        // The scheme is checked below: https needs `upstream_tls`, and then
+        // the TLS layer, not this connector, owns the https scheme.
+        http.enforce_http(false);
+        let tracking = TrackingConnector { http };
+        let https = match &config.upstream_tls {
+            // Plain upstream: the TLS layer passes http:// through.
+            None => HttpsConnectorBuilder::new()
+                .with_tls_config(tls::client_config_without_roots())
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(tracking),
+            // TLS upstream: never plaintext, whatever the URI says.
+            Some(upstream_tls) => {
+                let builder =
+                    HttpsConnectorBuilder::new().with_tls_config(tls::client_config(upstream_tls)?).https_only();
+                let builder = match &upstream_tls.server_name {
+                    Some(name) => builder.with_server_name_resolver(FixedServerNameResolver::new(
+                        tls::parse_server_name(name)
+                            .map_err(|reason| TlsError::Config { what: "upstream_tls.server_name", reason })?,
+                    )),
+                    None => builder,
+                };
+                builder.enable_http1().wrap_connector(tracking)
+            }
+        };
+        let connector = ConnectTimeout { inner: https, timeout: config.timeouts.connect };
         let client = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(config.limits.upstream_max_idle_connections)
-            .build(TrackingConnector { http });
-        Self {
+            .build(connector);
+        Ok(Self {
             client,
             upstream: config.upstream.clone(),
             response_timeout: config.timeouts.response,
             body_idle: config.timeouts.body_idle,
             max_body: config.limits.max_request_body_bytes,
-        }
+        })
     }
 
-    /// The upstream, `http://host:port/`.
+    /// The upstream, `http://host:port/` or `https://host:port/`.
     pub fn upstream(&self) -> &Uri {
         &self.upstream
     }
@@ -230,7 +296,7 @@ impl Forward {
                 strip_hop_by_hop(&mut parts.headers);
                 Ok((Response::from_parts(parts, IdleTimeoutBody::new(body, self.body_idle)), elapsed))
             }
-            Ok(Err(e)) if e.is_connect() => Err(ForwardError::Connect(error_chain(&e))),
+            Ok(Err(e)) if e.is_connect() || refused_in_handshake(&e) => Err(ForwardError::Connect(error_chain(&e))),
             Ok(Err(e)) => Err(ForwardError::OutcomeUnknown(error_chain(&e))),
             Err(_) => {
                 Err(ForwardError::OutcomeUnknown(format!("no response headers within {:?}", self.response_timeout)))
@@ -248,6 +314,42 @@ impl Forward {
             Err(_) => Err(format!("connecting to {addr} took longer than {timeout:?}")),
         }
     }
+}
+
+/// Whether the upstream's TLS server refused the handshake with an alert
+/// about the proxy's certificate. With TLS 1.3 the client finishes its side
+/// of the handshake and sends the request before the server's verdict
+/// arrives, so hyper reports this after the request "was sent"; but a
+/// server that refused the handshake never read any application data, so
+/// nothing was applied: a plain 502, not an unknown outcome (P4).
+fn refused_in_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
+    use rustls::AlertDescription as A;
+    let mut next = Some(e);
+    while let Some(err) = next {
+        // io::Error::source skips the error it wraps, so look inside too.
+        let inner = err
+            .downcast_ref::<io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|i| i as &(dyn std::error::Error + 'static));
+        for candidate in [Some(err), inner].into_iter().flatten() {
+            if let Some(rustls::Error::AlertReceived(
+                A::CertificateRequired
+                | A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::AccessDenied
+                | A::HandshakeFailure,
+            )) = candidate.downcast_ref::<rustls::Error>()
+            {
+                return true;
+            }
+        }
+        next = err.source();
+    }
+    false
 }
 
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {

@@ -12,12 +12,18 @@
 //! - `config`: `proxy.toml` and the flag form, every limit and timeout.
 //! - `routes`: route classification: read allow-list (P5), resource (P6).
 //! - `names`: [`ResourceName`] and [`FencingToken`].
+//! - `signing`: the token check before the fence: plain or signed, verified
+//!   against the reloadable key ring (P7).
 //! - `fence`: the tower layer that checks tokens (P1–P4, P8).
 //! - `state`: per-resource epoch, fair guard, in-flight count, indeterminate.
 //! - `epoch_store`: the redb store (P2, P10) and the bounded rejection table.
-//! - `forward`: the pooled upstream client and its timeouts.
+//! - `forward`: the pooled upstream client (plain or TLS) and its timeouts.
 //! - `body`: streaming body wrappers (idle timeout, guard until the end).
 //! - `server`: startup, the layer stack, graceful shutdown.
+//! - `listener`: client connections: the connection limit, the TLS
+//!   handshake and the mTLS caller identity.
+//! - `tls`: rustls configs for the listener and the upstream, PEM loading.
+//! - `fuzzing` (feature `fuzzing`): the checks the cargo-fuzz targets run.
 //! - `admin`, `admin_client`: the admin API and its client.
 //! - `problem`: the one place refusals become HTTP statuses.
 //! - `metrics`, `rejections`, `clock`.
@@ -52,6 +58,9 @@ mod config;
 mod epoch_store;
 mod fence;
 mod forward;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
+mod listener;
 mod log_level;
 mod metrics;
 mod names;
@@ -59,9 +68,11 @@ mod problem;
 mod rejections;
 mod routes;
 mod server;
+mod signing;
 mod state;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
+mod tls;
 
 pub use self::{
     admin::{
@@ -69,7 +80,10 @@ pub use self::{
     },
     admin_client::{AdminClient, AdminClientError},
     body::{BoxError, ProxyBody},
-    config::{ConfigError, DEFAULT_ADMIN_ADDR, DEFAULT_MAX_EPOCH_JUMP, Limits, ProxyConfig, SimpleConfig, Timeouts},
+    config::{
+        ConfigError, DEFAULT_ADMIN_ADDR, DEFAULT_CLOCK_SKEW, DEFAULT_MAX_EPOCH_JUMP, Limits, ListenerTls, ProxyConfig,
+        SigningConfig, SimpleConfig, Timeouts, UpstreamTls,
+    },
     epoch_store::{
         AUDIT_LOG_FILE, EpochStore, OpenError, REJECTION_LOG_FILE, REJECTION_QUEUE_MAX, STORE_FILE, StoreError,
         StoreSnapshot,
@@ -82,5 +96,7 @@ pub use self::{
     rejections::{RejectReason, RejectionRecord, RejectionsPage},
     routes::{PatternError, Route, RouteKind, Router},
     server::{ProxyHandle, StartError, start, start_with_shutdown},
+    signing::{KeyReloader, KeysError, KeysLoaded},
     state::{IndeterminateStatus, ResourceStatus},
+    tls::{TlsError, certificate_identity, load_certs, load_key},
 };

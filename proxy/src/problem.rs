@@ -73,6 +73,12 @@ impl Refusal {
                 | RejectReason::ResourceMismatch
                 | RejectReason::AmbiguousRequest
                 | RejectReason::InvalidResource => StatusCode::BAD_REQUEST,
+                RejectReason::UnsignedToken
+                | RejectReason::BadSignature
+                | RejectReason::UnknownKey
+                | RejectReason::ExpiredKey
+                | RejectReason::KeyNotYetValid
+                | RejectReason::WrongResource => StatusCode::FORBIDDEN,
                 RejectReason::Indeterminate | RejectReason::TooManyResources => StatusCode::SERVICE_UNAVAILABLE,
                 RejectReason::TokenJumpTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
                 RejectReason::NoRoute => StatusCode::NOT_FOUND,
@@ -90,7 +96,15 @@ impl Refusal {
             Self::Rejected { reason, .. } => match reason {
                 RejectReason::StaleToken => ("stale-token", "Fencing token is older than the resource's epoch"),
                 RejectReason::MissingToken => ("missing-token", "This route is a write and needs a fencing token"),
-                RejectReason::MalformedToken => ("malformed-token", "The fencing token is not a decimal u64"),
+                RejectReason::MalformedToken => {
+                    ("malformed-token", "The fencing token is neither a decimal u64 nor a well-formed signed token")
+                }
+                RejectReason::UnsignedToken => ("unsigned-token", "This proxy requires signed fencing tokens"),
+                RejectReason::BadSignature => ("bad-signature", "The token's signature does not verify"),
+                RejectReason::UnknownKey => ("unknown-key", "The token names a signing key this proxy does not have"),
+                RejectReason::ExpiredKey => ("expired-key", "The token's signing key has expired"),
+                RejectReason::KeyNotYetValid => ("key-not-yet-valid", "The token predates its signing key"),
+                RejectReason::WrongResource => ("wrong-resource", "The token was issued for another resource"),
                 RejectReason::ResourceMismatch => ("resource-mismatch", "The resource header disagrees with the route"),
                 RejectReason::Indeterminate => ("indeterminate", "The resource's last write has an unknown outcome"),
                 RejectReason::TokenJumpTooLarge => {

@@ -12,8 +12,22 @@ pub enum RejectReason {
     StaleToken,
     /// A write route without a token (P5, 428).
     MissingToken,
-    /// The token header is not a decimal u64, or is repeated (400).
+    /// The token header is neither a decimal u64 nor a well-formed signed
+    /// token, or is repeated (400).
     MalformedToken,
+    /// A plain token where signed tokens are required (P7, 403).
+    UnsignedToken,
+    /// A signed token whose signature does not verify: forged or altered
+    /// (P7, 403).
+    BadSignature,
+    /// A signed token naming a key the proxy does not have (P7, 403).
+    UnknownKey,
+    /// A signed token whose key expired, at issue or now (P7, 403).
+    ExpiredKey,
+    /// A signed token issued before its key's window opened (P7, 403).
+    KeyNotYetValid,
+    /// A genuine signed token for another resource than the route's (P7, 403).
+    WrongResource,
     /// The client's resource header disagrees with the route (P6, 400).
     ResourceMismatch,
     /// A higher token while the resource is indeterminate (P4, 503).
@@ -56,6 +70,12 @@ impl RejectReason {
             Self::StaleToken => "stale_token",
             Self::MissingToken => "missing_token",
             Self::MalformedToken => "malformed_token",
+            Self::UnsignedToken => "unsigned_token",
+            Self::BadSignature => "bad_signature",
+            Self::UnknownKey => "unknown_key",
+            Self::ExpiredKey => "expired_key",
+            Self::KeyNotYetValid => "key_not_yet_valid",
+            Self::WrongResource => "wrong_resource",
             Self::ResourceMismatch => "resource_mismatch",
             Self::Indeterminate => "indeterminate",
             Self::TokenJumpTooLarge => "token_jump_too_large",
@@ -77,11 +97,13 @@ pub struct RejectionRecord {
     pub time: String,
     /// The resource the route names, when it could be decided.
     pub resource: Option<String>,
-    /// The token the request carried, when it had a valid one.
+    /// The token the request carried or claimed (for a refused signed
+    /// token, what its unverified claims say), when it had one.
     pub presented_token: Option<u64>,
     /// The resource's epoch when the request was refused.
     pub current_epoch: Option<u64>,
-    /// The peer address (mTLS identity once §7 lands).
+    /// The client certificate's identity on an mTLS listener, otherwise the
+    /// peer address.
     pub caller: String,
     /// HTTP method.
     pub method: String,

@@ -19,11 +19,14 @@ use crate::admin;
 use crate::body::{BoxError, ProxyBody};
 use crate::config::ProxyConfig;
 use crate::epoch_store::{EpochStore, OpenError};
-use crate::fence::{FenceLayer, FenceShared, PeerAddr};
+use crate::fence::{ClientIdentity, FenceLayer, FenceShared, PeerAddr};
 use crate::forward::Forward;
+use crate::listener::ClientAcceptor;
 use crate::metrics::Metrics;
 use crate::problem::respond_to_layer_error;
+use crate::signing::{KeyReloader, KeysError, TokenVerifier};
 use crate::state::Resources;
+use crate::tls::TlsError;
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +44,12 @@ pub enum StartError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The signing keys (P7) could not be loaded.
+    #[error(transparent)]
+    Keys(#[from] KeysError),
+    /// A TLS certificate, key or CA file could not be used.
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
     /// Opening the store panicked or was cancelled.
     #[error("the epoch store could not be opened: {0}")]
     Internal(String),
@@ -53,6 +62,7 @@ pub struct ProxyHandle {
     admin: SocketAddr,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
+    keys: KeyReloader,
 }
 
 impl ProxyHandle {
@@ -64,6 +74,12 @@ impl ProxyHandle {
     /// The admin API's address.
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin
+    }
+
+    /// Reloads the signing keys from their file (the binary calls it on
+    /// SIGHUP; the admin API's `POST /v1/reload-keys` does the same).
+    pub fn key_reloader(&self) -> KeyReloader {
+        self.keys.clone()
     }
 
     /// Stops accepting, lets in-flight requests finish (up to
@@ -93,6 +109,11 @@ pub async fn start_with_shutdown(
     signal: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<ProxyHandle, StartError> {
     let config = Arc::new(config);
+    // Keys and TLS files first: a proxy that cannot check signatures or
+    // speak TLS as configured must not start at all.
+    let tokens = Arc::new(TokenVerifier::new(config.signing.clone())?);
+    let acceptor = ClientAcceptor::new(&config)?;
+    let forward = Forward::new(&config)?;
     let (store, snapshot) = {
         let dir = config.data_dir.clone();
         let max = config.limits.rejection_table_max;
@@ -119,8 +140,8 @@ pub async fn start_with_shutdown(
         !snapshot.clean_shutdown,
         metrics.clone(),
     );
-    let shared = Arc::new(FenceShared::new(config.clone(), store.clone(), resources.clone(), metrics.clone()));
-    let forward = Forward::new(&config);
+    let shared =
+        Arc::new(FenceShared::new(config.clone(), store.clone(), resources.clone(), metrics.clone(), tokens.clone()));
 
     // The layer stack, outermost first:
     // - (per connection, below) the peer address is attached and errors
@@ -151,6 +172,7 @@ pub async fn start_with_shutdown(
     builder
         .http2()
         .timer(TokioTimer::new())
+        .max_concurrent_streams(config.limits.max_streams_per_connection)
         .max_header_list_size(u32::try_from(config.limits.max_header_bytes).unwrap_or(u32::MAX));
 
     let shutdown = CancellationToken::new();
@@ -175,6 +197,11 @@ pub async fn start_with_shutdown(
     let task = tokio::spawn(async move {
         let graceful = GracefulShutdown::new();
         loop {
+            // limits.max_connections: wait for a slot before accepting.
+            let permit = tokio::select! {
+                permit = acceptor.permit() => permit,
+                () = accept_shutdown.cancelled() => break,
+            };
             tokio::select! {
                 accepted = listener.accept() => {
                     let (stream, peer) = match accepted {
@@ -190,24 +217,36 @@ pub async fn start_with_shutdown(
                     let _ = stream.set_nodelay(true);
                     let stack = stack.clone();
                     let metrics = metrics.clone();
-                    let svc = tower::service_fn(move |mut req: Request<Incoming>| {
-                        req.extensions_mut().insert(PeerAddr(peer));
-                        let call = stack.clone().oneshot(req);
-                        let metrics = metrics.clone();
-                        async move {
-                            let result: Result<Response<ProxyBody>, BoxError> = call.await;
-                            Ok::<_, Infallible>(result.unwrap_or_else(|e| {
-                                if e.is::<tower::load_shed::error::Overloaded>() {
-                                    metrics.overloaded.inc();
-                                }
-                                respond_to_layer_error(e)
-                            }))
-                        }
-                    });
-                    let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc)).into_owned();
-                    let conn = graceful.watch(conn);
+                    let (acceptor, builder, watcher) = (acceptor.clone(), builder.clone(), graceful.watcher());
                     tokio::spawn(async move {
-                        if let Err(e) = conn.await {
+                        let _permit = permit;
+                        // TLS (if configured) before HTTP, off the accept loop.
+                        let (io, identity) = match acceptor.handshake(stream).await {
+                            Ok(v) => v,
+                            Err(e) => {
+                                tracing::debug!(%peer, error = %e, "client connection refused during the TLS handshake");
+                                return;
+                            }
+                        };
+                        let svc = tower::service_fn(move |mut req: Request<Incoming>| {
+                            req.extensions_mut().insert(PeerAddr(peer));
+                            if let Some(id) = &identity {
+                                req.extensions_mut().insert(ClientIdentity(id.clone()));
+                            }
+                            let call = stack.clone().oneshot(req);
+                            let metrics = metrics.clone();
+                            async move {
+                                let result: Result<Response<ProxyBody>, BoxError> = call.await;
+                                Ok::<_, Infallible>(result.unwrap_or_else(|e| {
+                                    if e.is::<tower::load_shed::error::Overloaded>() {
+                                        metrics.overloaded.inc();
+                                    }
+                                    respond_to_layer_error(e)
+                                }))
+                            }
+                        });
+                        let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(svc));
+                        if let Err(e) = watcher.watch(conn.into_owned()).await {
                             tracing::debug!(%peer, error = %e, "client connection ended with an error");
                         }
                     });
@@ -233,5 +272,5 @@ pub async fn start_with_shutdown(
         tracing::info!("proxy stopped");
     });
     tracing::info!(%listen, admin = %admin_addr, upstream = %config.upstream, floor = snapshot.floor, "proxy listening");
-    Ok(ProxyHandle { listen, admin: admin_addr, shutdown, task })
+    Ok(ProxyHandle { listen, admin: admin_addr, shutdown, task, keys: KeyReloader(tokens) })
 }

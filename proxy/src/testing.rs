@@ -1,11 +1,13 @@
 //! Test support (feature `test-support`): an in-process upstream that can
 //! hold requests at a gate and records the order in which writes were
-//! applied, and a small HTTP client. Used by the workspace's integration
-//! tests and the overhead benchmark; not part of the proxy.
+//! applied (over plain HTTP or TLS), a small HTTP(S) client, and a test
+//! certificate authority (rcgen). Used by the workspace's integration tests
+//! and the overhead benchmark; not part of the proxy.
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,11 +15,13 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+use tokio_rustls::TlsAcceptor;
 
 pub use http::{Method, StatusCode as Status};
 
@@ -61,6 +65,17 @@ fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
 impl TestUpstream {
     /// Starts the upstream on `127.0.0.1:0`.
     pub async fn start() -> std::io::Result<Self> {
+        Self::start_with(None).await
+    }
+
+    /// Starts the upstream on `127.0.0.1:0`, speaking only TLS with
+    /// `config` (e.g. [`TestPki::server_config`]). A connection whose
+    /// handshake fails never reaches the recorder.
+    pub async fn start_tls(config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+        Self::start_with(Some(TlsAcceptor::from(config))).await
+    }
+
+    async fn start_with(tls: Option<TlsAcceptor>) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let inner = Arc::new(Mutex::new(Inner::default()));
@@ -68,11 +83,17 @@ impl TestUpstream {
         let (i, c) = (inner.clone(), changed.clone());
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (i, c) = (i.clone(), c.clone());
+                let (i, c, tls) = (i.clone(), c.clone(), tls.clone());
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| handle(i.clone(), c.clone(), req));
-                    let _ =
-                        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    let _ = match tls {
+                        None => http.serve_connection(TokioIo::new(stream), svc).await,
+                        Some(tls) => match tls.accept(stream).await {
+                            Ok(stream) => http.serve_connection(TokioIo::new(stream), svc).await,
+                            Err(_) => return,
+                        },
+                    };
                 });
             }
         });
@@ -227,10 +248,11 @@ impl TestResponse {
     }
 }
 
-/// A pooled HTTP/1.1 client for tests.
+/// A pooled HTTP/1.1 client for tests, plain or TLS.
 #[derive(Debug, Clone)]
 pub struct TestClient {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    scheme: &'static str,
 }
 
 impl Default for TestClient {
@@ -240,12 +262,24 @@ impl Default for TestClient {
 }
 
 impl TestClient {
-    /// A new client.
+    /// A new plain-HTTP client.
     pub fn new() -> Self {
-        Self { client: Client::builder(TokioExecutor::new()).build_http() }
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(TestPki::client_config_trusting(&[], None))
+            .https_or_http()
+            .enable_http1()
+            .build();
+        Self { client: Client::builder(TokioExecutor::new()).build(connector), scheme: "http" }
     }
 
-    /// Sends one request to `http://{addr}{path}`; `headers` are
+    /// A client that speaks only TLS with `config` (e.g.
+    /// [`TestPki::client_config`]), to `https://addr`.
+    pub fn with_tls(config: rustls::ClientConfig) -> Self {
+        let connector = HttpsConnectorBuilder::new().with_tls_config(config).https_only().enable_http1().build();
+        Self { client: Client::builder(TokioExecutor::new()).build(connector), scheme: "https" }
+    }
+
+    /// Sends one request to `http(s)://{addr}{path}`; `headers` are
     /// `(name, value)` pairs. Errors are transport errors as strings.
     pub async fn send(
         &self,
@@ -255,7 +289,7 @@ impl TestClient {
         headers: &[(&str, &str)],
         body: impl Into<Bytes>,
     ) -> Result<TestResponse, String> {
-        let mut req = Request::builder().method(method).uri(format!("http://{addr}{path}"));
+        let mut req = Request::builder().method(method).uri(format!("{}://{addr}{path}", self.scheme));
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -270,5 +304,114 @@ impl TestClient {
     pub async fn write(&self, addr: SocketAddr, path: &str, token: u64) -> Result<TestResponse, String> {
         let t = token.to_string();
         self.send(addr, Method::POST, path, &[("fencing-token", &t)], format!("value={token}")).await
+    }
+}
+
+/// What a [`TestPki`] certificate is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertUse {
+    /// A TLS server (the proxy's listener, an upstream).
+    Server,
+    /// A TLS client (mTLS).
+    Client,
+}
+
+/// A certificate and its key, as PEM files.
+#[derive(Debug, Clone)]
+pub struct TestCert {
+    /// The PEM certificate.
+    pub cert_file: PathBuf,
+    /// The PEM private key (PKCS#8).
+    pub key_file: PathBuf,
+}
+
+/// A test certificate authority (rcgen, ECDSA P-256): its CA certificate
+/// and the certificates it issues are written as PEM files under `dir`.
+pub struct TestPki {
+    name: String,
+    dir: PathBuf,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl std::fmt::Debug for TestPki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestPki").field("name", &self.name).field("dir", &self.dir).finish_non_exhaustive()
+    }
+}
+
+impl TestPki {
+    /// A new CA named `name`; writes `{dir}/{name}-ca.pem`.
+    pub fn new(dir: &Path, name: &str) -> Self {
+        let key = rcgen::KeyPair::generate().expect("generate a CA key");
+        let mut params = rcgen::CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, format!("{name} test CA"));
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+        let cert = params.self_signed(&key).expect("self-sign the CA");
+        std::fs::write(dir.join(format!("{name}-ca.pem")), cert.pem()).expect("write the CA certificate");
+        Self { name: name.to_owned(), dir: dir.to_owned(), issuer: rcgen::Issuer::new(params, key) }
+    }
+
+    /// The CA certificate's PEM file.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join(format!("{}-ca.pem", self.name))
+    }
+
+    /// Issues a certificate with common name `cn` and the given subject
+    /// alternative names (IP addresses or DNS names); writes
+    /// `{dir}/{cn}.pem` and `{dir}/{cn}.key`.
+    pub fn issue(&self, cn: &str, sans: &[&str], usage: CertUse) -> TestCert {
+        let key = rcgen::KeyPair::generate().expect("generate a key");
+        let mut params = rcgen::CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+            .expect("valid SANs");
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        params.extended_key_usages = vec![match usage {
+            CertUse::Server => rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            CertUse::Client => rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        }];
+        let cert = params.signed_by(&key, &self.issuer).expect("issue a certificate");
+        let cert_file = self.dir.join(format!("{cn}.pem"));
+        let key_file = self.dir.join(format!("{cn}.key"));
+        std::fs::write(&cert_file, cert.pem()).expect("write the certificate");
+        std::fs::write(&key_file, key.serialize_pem()).expect("write the key");
+        TestCert { cert_file, key_file }
+    }
+
+    fn client_config_trusting(cas: &[PathBuf], client: Option<&TestCert>) -> rustls::ClientConfig {
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in cas {
+            for cert in crate::tls::load_certs(ca).expect("read a CA") {
+                roots.add(cert).expect("a CA certificate");
+            }
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .expect("default versions")
+            .with_root_certificates(roots);
+        match client {
+            None => builder.with_no_client_auth(),
+            Some(c) => builder
+                .with_client_auth_cert(
+                    crate::tls::load_certs(&c.cert_file).expect("read a certificate"),
+                    crate::tls::load_key(&c.key_file).expect("read a key"),
+                )
+                .expect("a client certificate"),
+        }
+    }
+
+    /// A client config that trusts this CA and presents `client`, if any.
+    pub fn client_config(&self, client: Option<&TestCert>) -> rustls::ClientConfig {
+        Self::client_config_trusting(&[self.ca_file()], client)
+    }
+
+    /// A server config presenting `server`; when `client_ca` is given,
+    /// clients must present a certificate it issued.
+    pub fn server_config(&self, server: &TestCert, client_ca: Option<&TestPki>) -> Arc<rustls::ServerConfig> {
+        crate::tls::server_config(&crate::config::ListenerTls {
+            cert_file: server.cert_file.clone(),
+            key_file: server.key_file.clone(),
+            client_ca_file: client_ca.map(TestPki::ca_file),
+        })
+        .expect("a server config")
     }
 }

@@ -50,7 +50,8 @@ pub(crate) struct ProxyArgs {
     #[arg(long = "read-route", value_name = "METHOD:PATH")]
     read_routes: Vec<String>,
 
-    /// Validate the configuration, print the routes, and exit.
+    /// Validate the configuration and the files it names (signing keys, TLS
+    /// certificates), print the routes, and exit.
     #[arg(long)]
     check_config: bool,
 }
@@ -125,13 +126,28 @@ pub(crate) async fn run_proxy(args: ProxyArgs, log: Arc<LogFilter>) -> anyhow::R
     let mut config = load_config(&args)?;
     config.log_control = Some(LogControlHandle(log));
     if args.check_config {
+        config.check_files()?;
         println!(
-            "configuration OK: listen {}, upstream {}, admin {}, data dir {}",
+            "configuration OK: listen {}{}, upstream {}, admin {}, data dir {}",
             config.listen,
+            match &config.tls {
+                None => " (plaintext)",
+                Some(t) if t.client_ca_file.is_some() => " (TLS, client certificates required)",
+                Some(_) => " (TLS)",
+            },
             config.upstream,
             config.admin,
             config.data_dir.display()
         );
+        match &config.signing {
+            None => println!("signed tokens: off (plain tokens, capped by max_epoch_jump only)"),
+            Some(s) => println!(
+                "signed tokens: keys {}, {}, clock skew {:?}",
+                s.keys_file.display(),
+                if s.require_signed { "unsigned refused" } else { "unsigned accepted" },
+                s.clock_skew
+            ),
+        }
         let rows: Vec<Vec<String>> = config
             .router
             .routes()
@@ -147,9 +163,48 @@ pub(crate) async fn run_proxy(args: ProxyArgs, log: Arc<LogFilter>) -> anyhow::R
         print_table(&["ROUTE", "PATH", "KIND"], &rows);
         return Ok(ExitCode::SUCCESS);
     }
+    // Listen for SIGHUP before the proxy answers anything, so a reload
+    // request can never meet SIGHUP's default action (terminate).
+    let hangups = hangup_signals();
     let handle = fencer_proxy::start_with_shutdown(config, args.floor, shutdown_signal()).await?;
+    let reload = tokio::spawn(reload_keys_on_sighup(hangups, handle.key_reloader()));
     handle.wait().await;
+    reload.abort();
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(unix)]
+type Hangups = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangups = Option<()>;
+
+fn hangup_signals() -> Hangups {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        signal(SignalKind::hangup())
+            .inspect_err(
+                |e| tracing::error!(error = %e, "cannot listen for SIGHUP; reload keys with POST /v1/reload-keys"),
+            )
+            .ok()
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+/// SIGHUP re-reads the signing key-set file (P7); a bad file is logged and
+/// the keys in force stay. Runs until the proxy stops.
+async fn reload_keys_on_sighup(hangups: Hangups, keys: fencer_proxy::KeyReloader) {
+    #[cfg(unix)]
+    if let Some(mut hup) = hangups {
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP received: reloading signing keys");
+            // The reloader logs the outcome.
+            let _ = keys.reload();
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (hangups, keys);
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -1,0 +1,437 @@
+//! Fuzz checks (feature `fuzzing`): each takes arbitrary bytes, never
+//! panics on any input, and asserts the invariants its parser promises. The
+//! cargo-fuzz targets in `fuzz/` call them with coverage-guided input; the
+//! tests below call them with a bounded number of proptest cases on every
+//! `cargo test` (CI is stable-only). `docs/security.md` has the commands.
+//!
+//! - [`token_header`]: `Fencing-Token` parsing and verification: only tokens
+//!   minted by the key ring's signer ever pass, and never an unsigned one.
+//! - [`signed_token_mutation`]: any change to a genuine token is refused.
+//! - [`route_match`]: route classification over method, URI and headers.
+//! - [`resource_name`]: the DESIGN §2 name rules against an oracle.
+//! - [`config_text`]: the `proxy.toml` loader.
+//! - [`key_set`]: the signing key-set file.
+
+use std::sync::OnceLock;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+
+use fencer_token::{KeyId, KeyRing, KeySet, MAX_TOKEN_BYTES, PresentedToken, Signer};
+
+use crate::config::{ConfigError, ProxyConfig};
+use crate::names::ResourceName;
+use crate::rejections::RejectReason;
+use crate::routes::RouteKind;
+use crate::signing::TokenVerifier;
+
+/// The resource the token checks are made for.
+pub const FUZZ_RESOURCE: &str = "db/orders";
+/// The wall time (Unix ms) the token checks are made at.
+pub const FUZZ_NOW_UNIX_MS: u64 = 1_770_000_000_000;
+/// The fencing token [`genuine_token`] carries.
+pub const FUZZ_TOKEN: u64 = 4242;
+
+/// The fuzz signer: a fixed, public key (it protects nothing).
+pub fn fuzz_signer() -> Signer {
+    Signer::from_secret_bytes(KeyId::new("fuzz-k1").expect("valid key id"), &[7; 32])
+}
+
+/// A genuine token for [`FUZZ_RESOURCE`]: a seed for the fuzzers.
+pub fn genuine_token() -> String {
+    fuzz_signer()
+        .sign(FUZZ_RESOURCE, FUZZ_TOKEN, 0x6cf4_a1b2_c3d4_e5f6_0718_293a_4b5c_6d7e, FUZZ_NOW_UNIX_MS - 1000)
+        .expect("valid claims")
+        .into_string()
+}
+
+fn verifier() -> TokenVerifier {
+    let signer = fuzz_signer();
+    let set =
+        KeySet { keys: vec![signer.public_entry(FUZZ_NOW_UNIX_MS - 3_600_000, Some(FUZZ_NOW_UNIX_MS + 3_600_000))] };
+    TokenVerifier::from_ring(KeyRing::new(&set).expect("valid key set"), true)
+}
+
+/// `Fencing-Token` parsing and the proxy's token check.
+pub fn token_header(data: &[u8]) {
+    match PresentedToken::parse(data) {
+        Err(_) => {}
+        Ok(_) if data.len() > MAX_TOKEN_BYTES => panic!("a {}-byte value parsed", data.len()),
+        Ok(PresentedToken::Plain(n)) => {
+            assert!(data.iter().all(u8::is_ascii_digit), "plain tokens are digits only");
+            let digits = std::str::from_utf8(data).expect("digits are UTF-8").trim_start_matches('0');
+            assert_eq!(n.to_string(), if digits.is_empty() { "0" } else { digits });
+        }
+        Ok(PresentedToken::Signed(t)) => {
+            assert_eq!(t.as_str().as_bytes(), data, "a signed token keeps its exact text");
+            let reparsed = PresentedToken::parse(t.as_str().as_bytes()).expect("a parsed token parses again");
+            assert_eq!(reparsed, PresentedToken::Signed(t), "parsing is deterministic");
+        }
+    }
+    let resource = ResourceName::new(FUZZ_RESOURCE).expect("valid resource");
+    match verifier().check_at(data, &resource, FUZZ_NOW_UNIX_MS) {
+        Ok(token) => {
+            // Only what the signer minted verifies: re-signing the claims
+            // must give back exactly the presented bytes.
+            let Ok(PresentedToken::Signed(t)) = PresentedToken::parse(data) else {
+                panic!("an unsigned token passed a proxy that requires signed tokens");
+            };
+            let c = t.unverified_claims();
+            assert_eq!(c.token(), token.get());
+            assert_eq!(c.resource(), FUZZ_RESOURCE);
+            let minted = fuzz_signer()
+                .sign(c.resource(), c.token(), c.lease_id(), c.issued_at_unix_ms())
+                .expect("verified claims are valid");
+            assert_eq!(minted.as_str().as_bytes(), data, "a token the signer did not mint verified");
+        }
+        Err(refusal) => {
+            if matches!(PresentedToken::parse(data), Ok(PresentedToken::Plain(_))) {
+                assert_eq!(refusal.reason, RejectReason::UnsignedToken);
+            }
+        }
+    }
+}
+
+/// Applies the edits `data` describes (each 3 bytes: a 2-byte position, a
+/// byte) to a genuine token: any token that differs from it is refused.
+pub fn signed_token_mutation(data: &[u8]) {
+    static GENUINE: OnceLock<String> = OnceLock::new();
+    let genuine = GENUINE.get_or_init(genuine_token);
+    let mut token = genuine.clone().into_bytes();
+    for edit in data.chunks_exact(3) {
+        let at = usize::from(u16::from_le_bytes([edit[0], edit[1]]));
+        match edit[2] {
+            // Some edits insert or cut, so lengths change too.
+            0 if !token.is_empty() => {
+                token.remove(at % token.len());
+            }
+            1 => token.insert(at % (token.len() + 1), b'A'),
+            b => {
+                if let Some(len) = std::num::NonZeroUsize::new(token.len()) {
+                    token[at % len.get()] = b;
+                }
+            }
+        }
+    }
+    let resource = ResourceName::new(FUZZ_RESOURCE).expect("valid resource");
+    let result = verifier().check_at(&token, &resource, FUZZ_NOW_UNIX_MS);
+    if token == genuine.as_bytes() {
+        assert_eq!(result.map(|t| t.get()).ok(), Some(FUZZ_TOKEN), "the genuine token verifies");
+    } else {
+        assert!(result.is_err(), "an altered token verified: {:?}", String::from_utf8_lossy(&token));
+    }
+}
+
+/// The resource-name rules against an independent oracle.
+pub fn resource_name(data: &[u8]) {
+    let Ok(s) = std::str::from_utf8(data) else {
+        return;
+    };
+    let oracle = (1..=256).contains(&s.len())
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b))
+        && !s.starts_with('/')
+        && !s.ends_with('/')
+        && !s.contains("//")
+        && !s.contains("..");
+    let parsed = ResourceName::new(s);
+    assert_eq!(parsed.is_ok(), oracle, "{s:?}: {parsed:?}");
+    if let Ok(name) = parsed {
+        assert_eq!(name.as_str(), s);
+        // Every valid name can be put in a signed token.
+        fuzz_signer().sign(name.as_str(), 1, 1, 1).expect("a valid resource name is a valid claim");
+    }
+}
+
+/// The routes [`route_match`] classifies against: path, query and header
+/// captures, exact values, a read allow-list and a catch-all.
+pub const FUZZ_ROUTES: &str = r#"
+listen = "127.0.0.1:1"
+upstream = "http://127.0.0.1:2"
+data_dir = "d"
+
+[[route]]
+methods = ["GET", "HEAD"]
+path = "/ping"
+kind = "read"
+
+[[route]]
+methods = ["GET"]
+path = "/query"
+query = { q = "SHOW DATABASES" }
+kind = "read"
+
+[[route]]
+path = "/db/{name}/*"
+resource = "db/{name}"
+
+[[route]]
+methods = ["POST"]
+path = "/write"
+query = { db = "{db}", precision = "*" }
+resource = "influx/{db}"
+
+[[route]]
+path = "/t/{x}"
+headers = { "X-Tenant" = "{tenant}" }
+resource = "t/{tenant}/{x}"
+
+[[route]]
+path = "/*"
+resource = "everything"
+"#;
+
+/// Route classification: `data` is a method selector byte, then lines: the
+/// request target, then `name: value` headers.
+pub fn route_match(data: &[u8]) {
+    static CONFIG: OnceLock<ProxyConfig> = OnceLock::new();
+    let config = CONFIG.get_or_init(|| ProxyConfig::from_toml_str(FUZZ_ROUTES).expect("the fuzz routes are valid"));
+    let Some((&selector, rest)) = data.split_first() else {
+        return;
+    };
+    let methods = [Method::GET, Method::POST, Method::PUT, Method::DELETE, Method::HEAD, Method::PATCH];
+    let method = methods[usize::from(selector) % methods.len()].clone();
+    let mut lines = rest.split(|&b| b == b'\n');
+    let target = lines.next().unwrap_or_default();
+    let Ok(uri) = Uri::try_from(target) else {
+        return;
+    };
+    let mut headers = HeaderMap::new();
+    for line in lines {
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(&line[..colon]), HeaderValue::from_bytes(line[colon + 1..].trim_ascii()))
+        {
+            headers.append(name, value);
+        }
+    }
+    let first = config.router.classify(&method, &uri, &headers);
+    let again = config.router.classify(&method, &uri, &headers);
+    assert_eq!(first.is_ok(), again.is_ok(), "classification is deterministic");
+    if let Ok(c) = first {
+        assert!(config.router.routes().iter().any(|r| std::ptr::eq(r, c.route)));
+        match (c.route.kind(), &c.resource) {
+            (RouteKind::Write, Some(r)) => {
+                ResourceName::new(r.as_str()).expect("a classified resource is valid");
+            }
+            (RouteKind::Write, None) => panic!("a write route without a resource"),
+            (RouteKind::Read, _) => assert!(matches!(method, Method::GET | Method::HEAD), "reads are allow-listed"),
+        }
+        assert_eq!(c.resource.map(|r| r.to_string()), again.ok().and_then(|c| c.resource.map(|r| r.to_string())));
+    }
+}
+
+/// The `proxy.toml` loader: errors name a line and column inside the text.
+pub fn config_text(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    match ProxyConfig::from_toml_str(text) {
+        Ok(config) => {
+            assert!(!config.router.routes().is_empty(), "a config without routes loaded");
+            assert!(config.max_epoch_jump >= 1);
+        }
+        Err(ConfigError::Invalid { line, column, reason }) => {
+            assert!(line >= 1 && line <= text.lines().count() + 1, "line {line} of {:?}: {reason}", text);
+            assert!(column >= 1, "column {column}: {reason}");
+            assert!(!reason.is_empty());
+        }
+        Err(other) => panic!("from_toml_str returned {other:?}"),
+    }
+}
+
+/// The key-set file: whatever parses writes back to the same set.
+pub fn key_set(data: &[u8]) {
+    if let Ok(set) = KeySet::from_json(data) {
+        let again = KeySet::from_json(set.to_json().as_bytes()).expect("a written key set parses");
+        assert_eq!(again, set);
+        KeyRing::new(&set).expect("a parsed key set makes a ring");
+    }
+}
+
+/// A check by its target name (the cargo-fuzz binary of the same name).
+pub fn check_by_name(target: &str) -> Option<fn(&[u8])> {
+    Some(match target {
+        "token_header" => token_header,
+        "signed_token_mutation" => signed_token_mutation,
+        "route_match" => route_match,
+        "resource_name" => resource_name,
+        "config_text" => config_text,
+        "key_set" => key_set,
+        _ => return None,
+    })
+}
+
+/// Seed inputs per target: valid and nearly valid cases that lead the
+/// fuzzers into the interesting paths. Written to `fuzz/seeds/` by
+/// `cargo test -p fencer-proxy --features fuzzing write_fuzz_seeds -- --ignored`,
+/// and checked on every `cargo test`.
+pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let genuine = genuine_token();
+    let sig = genuine.rsplit('.').next().unwrap_or_default().to_owned();
+    let key_set = KeySet { keys: vec![fuzz_signer().public_entry(1, Some(2))] }.to_json();
+    let secured = format!(
+        "{FUZZ_ROUTES}\n[signing]\nkeys_file = \"keys.json\"\nrequire_signed = false\nclock_skew = \"5s\"\n\n[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nclient_ca_file = \"ca.pem\"\n"
+    );
+    let text = |s: &str| s.as_bytes().to_vec();
+    vec![
+        ("token_header", genuine.clone().into_bytes()),
+        ("token_header", text("42")),
+        ("token_header", text("18446744073709551615")),
+        ("token_header", format!("v1.eyJraWQiOiJmdXp6LWsxIn0.{sig}").into_bytes()),
+        ("token_header", text("v2.a.b")),
+        ("signed_token_mutation", vec![]),
+        ("signed_token_mutation", vec![10, 0, b'B', 200, 0, 0, 5, 0, 1]),
+        ("route_match", text("\x00/db/orders/rows/7")),
+        ("route_match", text("\x01/write?db=metrics&precision=s")),
+        ("route_match", text("\x00/query?q=SHOW+DATABASES")),
+        ("route_match", text("\x02/t/x\nX-Tenant: acme\nx-other: 1")),
+        ("route_match", text("\x00/db/%2e%2e/x")),
+        ("resource_name", text(FUZZ_RESOURCE)),
+        ("resource_name", text("a/../b")),
+        ("resource_name", "r".repeat(256).into_bytes()),
+        ("config_text", text(FUZZ_ROUTES)),
+        ("config_text", secured.into_bytes()),
+        ("key_set", key_set.into_bytes()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    //! Bounded proptest runs of the fuzz checks, on every `cargo test`.
+    //! `PROPTEST_CASES=100000 cargo test -p fencer-proxy fuzzing` runs longer.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn config() -> ProptestConfig {
+        // Enough to catch regressions in a few seconds; the long runs are
+        // cargo-fuzz's job. PROPTEST_CASES overrides it.
+        ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() }
+    }
+
+    /// Strings shaped like signed tokens: the prefix, base64url-ish parts,
+    /// dots, and sometimes pieces of a genuine token.
+    fn token_like() -> impl Strategy<Value = Vec<u8>> {
+        let genuine = genuine_token();
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..1100),
+            "[0-9]{0,25}".prop_map(String::into_bytes),
+            "v1\\.[A-Za-z0-9_-]{0,700}\\.[A-Za-z0-9_-]{80,90}".prop_map(String::into_bytes),
+            "v[0-9]?\\.?[A-Za-z0-9_.=+/-]{0,200}".prop_map(String::into_bytes),
+            (0..genuine.len(), 0..genuine.len())
+                .prop_map(move |(a, b)| genuine.as_bytes()[a.min(b)..a.max(b)].to_vec()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn token_headers(data in token_like()) {
+            token_header(&data);
+        }
+
+        #[test]
+        fn signed_token_mutations(edits in proptest::collection::vec(any::<u8>(), 0..30)) {
+            signed_token_mutation(&edits);
+        }
+
+        #[test]
+        fn resource_names(s in prop_oneof![
+            "[A-Za-z0-9._:/ -]{0,20}".prop_map(String::into_bytes),
+            "[a-z/.]{250,260}".prop_map(String::into_bytes),
+            proptest::collection::vec(any::<u8>(), 0..300),
+        ]) {
+            resource_name(&s);
+        }
+
+        #[test]
+        fn route_matches(
+            selector in any::<u8>(),
+            segments in proptest::collection::vec(
+                prop_oneof!["db", "t", "write", "query", "ping", "%2e", "%2F", "..", ".", "", "a b", "x:y", "[a-z]{1,5}"],
+                0..6,
+            ),
+            query in proptest::collection::vec(("[a-z]{1,3}|db|q|precision", "[A-Za-z0-9+%. ]{0,12}"), 0..4),
+            headers in proptest::collection::vec(("X-Tenant|x-other", "[ -~]{0,12}"), 0..3),
+        ) {
+            let mut text = vec![selector];
+            text.extend_from_slice(format!("/{}", segments.join("/")).as_bytes());
+            if !query.is_empty() {
+                let q: Vec<String> = query.iter().map(|(k, v)| format!("{k}={}", v.replace(' ', "+"))).collect();
+                text.extend_from_slice(format!("?{}", q.join("&")).as_bytes());
+            }
+            for (k, v) in &headers {
+                text.extend_from_slice(format!("\n{k}: {v}").as_bytes());
+            }
+            route_match(&text);
+        }
+
+        #[test]
+        fn route_matches_raw(data in proptest::collection::vec(any::<u8>(), 0..200)) {
+            route_match(&data);
+        }
+
+        #[test]
+        fn config_texts(cut in 0..FUZZ_ROUTES.lines().count(), dup in 0..FUZZ_ROUTES.lines().count(), junk in "[ -~\n]{0,40}") {
+            // A valid config with a line cut, a line repeated and junk inserted.
+            let lines: Vec<&str> = FUZZ_ROUTES.lines().collect();
+            let mut out: Vec<String> = Vec::new();
+            for (i, line) in lines.iter().enumerate() {
+                if i == dup {
+                    out.push((*line).to_owned());
+                    out.push(junk.clone());
+                }
+                if i != cut {
+                    out.push((*line).to_owned());
+                }
+            }
+            config_text(out.join("\n").as_bytes());
+        }
+
+        #[test]
+        fn config_texts_raw(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            config_text(&data);
+        }
+
+        #[test]
+        fn key_sets(data in prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..300),
+            (any::<u64>(), proptest::option::of(any::<u64>()), "[a-z0-9.-]{0,10}").prop_map(|(nb, na, kid)| {
+                let key = fuzz_signer().public_key().to_base64url();
+                let na = na.map_or_else(String::new, |na| format!(r#","not_after_unix_ms":{na}"#));
+                format!(r#"{{"keys":[{{"kid":"{kid}","public_key":"{key}","not_before_unix_ms":{nb}{na}}}]}}"#).into_bytes()
+            }),
+        ]) {
+            key_set(&data);
+        }
+    }
+
+    #[test]
+    fn the_seeds_pass_their_checks() {
+        for (target, data) in seeds() {
+            check_by_name(target).expect("a known target")(&data);
+        }
+    }
+
+    /// Writes `fuzz/seeds/<target>/<n>` (run by hand after changing seeds).
+    #[test]
+    #[ignore = "writes the seed corpus into the source tree"]
+    fn write_fuzz_seeds() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
+        for (n, (target, data)) in seeds().into_iter().enumerate() {
+            let dir = root.join(target);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(format!("seed-{n:02}")), data).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_genuine_token_passes_and_nothing_else_does() {
+        token_header(genuine_token().as_bytes());
+        signed_token_mutation(&[]);
+        token_header(b"18446744073709551615");
+    }
+}
