@@ -17,7 +17,10 @@
 //! - `bootstrap` — identity of a data dir, forming and joining a cluster.
 //! - `leadership` — the leader's life cycle: take over inherited leases,
 //!   expire overdue ones, step back on quorum loss.
-//! - `server` — the accept loop of the node's port; owns every connection.
+//! - `server` — the accept loop of the node's port; owns every connection,
+//!   runs TLS handshakes, bounds connections.
+//! - `tls` — rustls configs, peer and client certificate checks, the local
+//!   CA of `fencer dev --tls`.
 //! - `lease_clock` — leader-local lease deadlines (the only lease timing).
 //! - `clock` — the only place time is read.
 //! - `waiters` — parked Acquire calls; promotion wakes exactly one.
@@ -69,6 +72,7 @@ mod server;
 mod service;
 mod state_machine;
 mod store;
+mod tls;
 mod types;
 mod waiters;
 
@@ -95,6 +99,9 @@ pub use self::state_machine::{
 };
 pub use self::store::{
     ApplyObserver, LOG_FILE, LogReader, LogStore, NoObserver, SNAPSHOT_DIR, STATE_FILE, StateMachineStore,
+};
+pub use self::tls::{
+    CertFiles, CertUse, ConnInfo, DEFAULT_TLS_HANDSHAKE_TIMEOUT, DevCa, DevPki, NodeTls, TlsError, certificate_identity,
 };
 pub use self::types::{
     AuditText, FencingToken, Holder, InvalidField, LeaseId, MAX_AUDIT_TEXT_LEN, MAX_HOLDER_LEN, MAX_REQUEST_ID_LEN,
