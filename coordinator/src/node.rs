@@ -32,6 +32,7 @@ use crate::policy::Policy;
 use crate::service::{LockService, ServiceInner};
 use crate::state_machine::{Applied, Command, Event, Grant, LockState, LogCommand};
 use crate::store::{ApplyObserver, LOG_FILE, LogStore, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
+use crate::tenants::{Authenticator, Tenants};
 use crate::tls::{NodeTls, ServerTls, peer_client_tls};
 use crate::types::NodeId;
 use crate::waiters::ParkedCalls;
@@ -87,6 +88,9 @@ pub struct NodeConfig {
     /// TLS on `listen` (the lock API and raft traffic); `None`: plaintext.
     /// The status port stays plaintext (docs/security.md).
     pub tls: Option<NodeTls>,
+    /// Tenants (identities, permissions, limits); `None`: every caller may
+    /// do everything (the insecure default).
+    pub tenants: Option<Arc<Tenants>>,
 }
 
 impl NodeConfig {
@@ -108,6 +112,7 @@ impl NodeConfig {
             hot_capacity: DEFAULT_HOT_CAPACITY,
             log_control: None,
             tls: None,
+            tenants: None,
         }
     }
 
@@ -208,7 +213,7 @@ struct NodeObserver {
 
 impl ApplyObserver for NodeObserver {
     fn on_applied(&self, index: u64, entry: &LogCommand, applied: &Applied) {
-        if let Command::Acquire { resource, .. } = &entry.cmd
+        if let Command::Acquire { resource, .. } | Command::AcquireInQuota { resource, .. } = &entry.cmd
             && !applied.events.iter().any(|e| matches!(e, Event::DedupHit { .. }))
         {
             self.hot.acquired(resource, self.clock.now());
@@ -450,14 +455,15 @@ impl Node {
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
 
+        let auth = Authenticator::new(config.tenants.clone());
         // Serve before bootstrap so peers can greet us and clients reach us at once.
         let mut grpc = tonic::service::Routes::builder();
         grpc.add_service(
-            LockServer::new(LockApi { svc: svc.clone(), metrics: metrics.clone() })
+            LockServer::new(LockApi { svc: svc.clone(), metrics: metrics.clone(), auth: auth.clone() })
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
-            AdminServer::new(AdminApi { svc: svc.clone(), metrics: metrics.clone() })
+            AdminServer::new(AdminApi { svc: svc.clone(), metrics: metrics.clone(), auth: auth.clone() })
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
@@ -468,11 +474,11 @@ impl Node {
         let app = grpc
             .routes()
             .into_axum_router()
-            .merge(router(svc.clone(), metrics.clone()))
+            .merge(router(svc.clone(), metrics.clone(), auth.clone()))
             .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
         let server = tokio::spawn(crate::server::serve(listener, app, server_tls, shutdown_rx.clone(), SHUTDOWN_GRACE));
         let status_server = status_listener.map(|l| {
-            let app = status_router(svc.clone(), metrics.clone())
+            let app = status_router(svc.clone(), metrics.clone(), auth.clone())
                 .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
             tokio::spawn(crate::server::serve(l, app, None, shutdown_rx.clone(), SHUTDOWN_GRACE))
         });

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use fencer_coordinator::{AuditConfig, Node, NodeConfig, NodeTls};
+use fencer_coordinator::{AuditConfig, Node, NodeConfig, NodeTls, Tenants};
 
 use super::log_level::LogFilter;
 use super::parse_duration;
@@ -172,6 +172,20 @@ pub(crate) struct CoordinatorArgs {
 
     #[command(flatten)]
     tls: TlsArgs,
+
+    /// Tenants (TOML): identities, namespaces, per-prefix permissions and
+    /// limits (docs/security.md, "Tenants"). Without it every caller may do
+    /// everything.
+    #[arg(long, env = "FENCER_TENANTS")]
+    tenants: Option<PathBuf>,
+}
+
+/// Loads a tenants file off the async workers; an invalid file stops the
+/// start with its line and reason.
+pub(crate) async fn load_tenants(path: Option<&PathBuf>) -> anyhow::Result<Option<Arc<Tenants>>> {
+    let Some(path) = path.cloned() else { return Ok(None) };
+    let tenants = tokio::task::spawn_blocking(move || Tenants::load(&path)).await??;
+    Ok(Some(Arc::new(tenants)))
 }
 
 fn parse_peer(s: &str) -> Result<(u64, String), String> {
@@ -210,6 +224,10 @@ pub(crate) async fn run(args: CoordinatorArgs, log: Arc<LogFilter>) -> anyhow::R
     config.snapshot_every = args.snapshot_every.max(1_000);
     args.observability.apply(&mut config, log);
     config.tls = args.tls.node_tls();
+    config.tenants = load_tenants(args.tenants.as_ref()).await?;
+    if config.tenants.is_some() && config.tls.is_none() {
+        tracing::warn!("--tenants without TLS: bearer tokens cross the network in plaintext");
+    }
     let tls = config.tls.is_some();
     let node = Node::start(config).await?;
     let cluster = node.cluster_id();

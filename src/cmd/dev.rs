@@ -29,6 +29,11 @@ pub(crate) struct DevArgs {
     #[arg(long, env = "FENCER_DEV_TLS")]
     tls: bool,
 
+    /// Tenants (TOML; docs/security.md, "Tenants"). Without it every caller
+    /// may do everything.
+    #[arg(long, env = "FENCER_TENANTS")]
+    tenants: Option<PathBuf>,
+
     #[command(flatten)]
     observability: ObservabilityArgs,
 }
@@ -52,15 +57,24 @@ pub(crate) async fn run(args: DevArgs, log: Arc<LogFilter>) -> anyhow::Result<Ex
     } else {
         None
     };
+    config.tenants = super::coordinator::load_tenants(args.tenants.as_ref()).await?;
+    let tenants = config.tenants.as_ref().map(|t| t.tenants().len());
     let node = Node::start(config).await?;
     let addr = node.local_addr();
     let data_dir = std::fs::canonicalize(&args.data_dir).unwrap_or(args.data_dir.clone());
     let abs = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string();
     let (security, flags, curl) = match &pki {
         None => (
-            "  INSECURE: no TLS and no authentication (every client may do everything);\n  \
-             bind to loopback only. For local use. `fencer dev --tls` adds TLS and mTLS."
-                .to_string(),
+            match tenants {
+                None => "  INSECURE: no TLS and no authentication (every client may do everything);\n  \
+                         bind to loopback only. For local use. `fencer dev --tls` adds TLS and mTLS."
+                    .to_string(),
+                Some(n) => format!(
+                    "  tenants   {n} from --tenants (bearer tokens only: no TLS)\n  \
+                     INSECURE: no TLS — bearer tokens and lease ids cross the network in plaintext. \
+                     `fencer dev --tls` adds TLS."
+                ),
+            },
             String::new(),
             format!("curl -s http://{addr}/v1/locks/orders/42"),
         ),
@@ -69,12 +83,16 @@ pub(crate) async fn run(args: DevArgs, log: Arc<LogFilter>) -> anyhow::Result<Ex
             (
                 format!(
                     "  TLS       certificates in {dir} ({state}; the CA key is there too: dev only)\n  \
-                     INSECURE: no tenants — any client with a certificate from this CA (or none) may do everything.\n\n\
+                     {who}\n\n\
                      Clients need the CA and (for mTLS) the client certificate; set them once:\n  \
                      export FENCER_ENDPOINTS={addr} FENCER_CA={ca} FENCER_CERT={cert} FENCER_KEY={key}\n\
                      or pass them to each command:\n  \
                      fencer acquire orders/42 --endpoints {addr} --ca {ca} --cert {cert} --key {key}",
                     dir = abs(&data_dir.join("tls")),
+                    who = match tenants {
+                        None => "INSECURE: no tenants — any client with a certificate from this CA (or none) may do everything.".to_string(),
+                        Some(n) => format!("tenants   {n} from --tenants: callers need a known certificate or bearer token"),
+                    },
                     state = if p.created { "created now" } else { "reused" },
                 ),
                 " (with the exports above)".to_string(),
