@@ -29,6 +29,9 @@ use tracing::Instrument as _;
 
 use crate::error::{ClientError, Reason};
 
+/// Bound on one TLS handshake with a coordinator.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The endpoint of `fencer dev`.
 pub const DEFAULT_ENDPOINT: &str = "127.0.0.1:7420";
 
@@ -129,7 +132,8 @@ impl ClientTls {
     }
 
     fn to_tonic(&self) -> ClientTlsConfig {
-        let mut c = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
+        let mut c =
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem)).timeout(TLS_HANDSHAKE_TIMEOUT);
         if let Some((cert, key)) = &self.identity {
             c = c.identity(Identity::from_pem(cert, key));
         }

@@ -34,6 +34,11 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Concurrent HTTP/2 streams per connection.
 const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+/// HTTP/2 connections are pinged this often when idle, and closed when a
+/// ping is not answered within [`KEEP_ALIVE_TIMEOUT`]: a vanished client
+/// does not hold a connection slot for ever.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Serves `app` on `listener` until `shutdown` turns true, then stops
 /// accepting, asks every connection to finish (HTTP/2 GOAWAY) and waits at
@@ -54,6 +59,8 @@ pub(crate) async fn serve(
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
         .max_header_list_size(MAX_HEADER_BYTES as u32);
     loop {
         let permit = tokio::select! {
