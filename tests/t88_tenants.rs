@@ -26,14 +26,8 @@ struct Setup {
     ops: CertFiles,
 }
 
-async fn start() -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = dir.path().join("pki");
-    let ca = DevCa::create(&pki, "ca").unwrap();
-    let server = ca.issue("node", "node", &["127.0.0.1"], CertUse::Node).unwrap();
-    let alpha = ca.issue("alpha", "alpha-client", &[], CertUse::Client).unwrap();
-    let ops = ca.issue("ops", "ops-client", &[], CertUse::Client).unwrap();
-    let tenants = format!(
+fn tenants_file() -> String {
+    format!(
         r#"
 [[tenant]]
 name = "alpha"
@@ -62,18 +56,38 @@ allow = ["read", "admin"]
 "#,
         beta = bearer_token_sha256(BETA_TOKEN),
         gamma = bearer_token_sha256(GAMMA_TOKEN),
-    );
-    let mut config = common::node::fast_config(&dir.path().join("data"));
+    )
+}
+
+/// A single TLS node with the tenants above; `ca` also verifies clients.
+async fn start_node(
+    data: &std::path::Path,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    ca: std::path::PathBuf,
+) -> Node {
+    let mut config = common::node::fast_config(data);
     config.tls = Some(NodeTls {
-        cert_file: server.cert_file,
-        key_file: server.key_file,
-        client_ca_file: Some(ca.ca_file()),
+        cert_file: cert.to_path_buf(),
+        key_file: key.to_path_buf(),
+        client_ca_file: Some(ca),
         peer_ca_file: None,
         handshake_timeout: DEFAULT_TLS_HANDSHAKE_TIMEOUT,
     });
-    config.tenants = Some(Arc::new(Tenants::parse("tenants.toml", &tenants).unwrap()));
+    config.tenants = Some(Arc::new(Tenants::parse("tenants.toml", &tenants_file()).unwrap()));
     let node = Node::start(config).await.unwrap();
     node.wait_for_leader(Duration::from_secs(10)).await.unwrap();
+    node
+}
+
+async fn start() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    let ca = DevCa::create(&pki, "ca").unwrap();
+    let server = ca.issue("node", "node", &["127.0.0.1"], CertUse::Node).unwrap();
+    let alpha = ca.issue("alpha", "alpha-client", &[], CertUse::Client).unwrap();
+    let ops = ca.issue("ops", "ops-client", &[], CertUse::Client).unwrap();
+    let node = start_node(&dir.path().join("data"), &server.cert_file, &server.key_file, ca.ca_file()).await;
     Setup { _dir: dir, node, ca, alpha, ops }
 }
 
@@ -223,4 +237,53 @@ async fn t89_tenant_limits_answer_resource_exhausted_naming_the_limit() {
         l.release().await.unwrap();
     }
     s.node.shutdown().await;
+}
+
+/// The JSON front end applies the same rules as gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t88_json_over_https_applies_the_same_tenant_rules() {
+    use fencer_proxy::testing::{CertUse as Use, TestClient, TestPki};
+    use http::Method;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = TestPki::new(dir.path(), "json");
+    let server = pki.issue("node", &["127.0.0.1"], Use::Server);
+    let alpha_cert = pki.issue("alpha-client", &[], Use::Client);
+    let node = start_node(&dir.path().join("data"), &server.cert_file, &server.key_file, pki.ca_file()).await;
+    let addr = node.local_addr();
+    let alpha = TestClient::with_tls(pki.client_config(Some(&alpha_cert)));
+    let anonymous = TestClient::with_tls(pki.client_config(None));
+    let bearer = format!("Bearer {BETA_TOKEN}");
+    let beta_auth = [("authorization", bearer.as_str()), ("content-type", "application/json")];
+    let json = [("content-type", "application/json")];
+
+    let r = alpha.send(addr, Method::POST, "/v1/acquire", &json, r#"{"resource":"alpha/json"}"#).await.unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    let r = anonymous.send(addr, Method::POST, "/v1/acquire", &beta_auth, r#"{"resource":"beta/json"}"#).await.unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    let beta_lease = r.json()["lease_id"].as_str().unwrap().to_string();
+
+    let lease_body = format!(r#"{{"resource":"beta/json","lease_id":"{beta_lease}"}}"#);
+    for (method, path, body) in [
+        (Method::GET, "/v1/locks/beta/json", String::new()),
+        (Method::POST, "/v1/acquire", r#"{"resource":"beta/other"}"#.to_string()),
+        (Method::POST, "/v1/renew", lease_body.clone()),
+        (Method::POST, "/v1/release", lease_body.clone()),
+        (Method::POST, "/v1/admin/force-release", r#"{"resource":"beta/json"}"#.to_string()),
+        (Method::GET, "/v1/admin/hot", String::new()),
+    ] {
+        let r = alpha.send(addr, method.clone(), path, &json, body).await.unwrap();
+        assert_eq!(r.status, 403, "{method} {path}: {r:?}");
+        assert_eq!(r.json()["error"]["reason"], "PERMISSION_DENIED", "{method} {path}");
+    }
+    let r = anonymous.send(addr, Method::GET, "/v1/locks/alpha/json", &[], "").await.unwrap();
+    assert_eq!((r.status.as_u16(), r.json()["error"]["reason"].as_str()), (401, Some("UNAUTHENTICATED")));
+    let r = alpha.send(addr, Method::GET, "/v1/locks", &[], "").await.unwrap();
+    let names: Vec<_> = r.json()["locks"].as_array().unwrap().iter().map(|l| l["resource"].clone()).collect();
+    assert_eq!(names, ["alpha/json"]);
+    // Health and metrics stay open; plaintext does not reach anything.
+    assert_eq!(anonymous.send(addr, Method::GET, "/readyz", &[], "").await.unwrap().status, 200);
+    assert!(TestClient::new().send(addr, Method::GET, "/readyz", &[], "").await.is_err());
+    let r = anonymous.send(addr, Method::GET, "/v1/locks/beta/json", &beta_auth, "").await.unwrap();
+    assert_eq!(r.json()["held"], true, "beta's lease survived: {r:?}");
+    node.shutdown().await;
 }
