@@ -63,6 +63,11 @@ fn t87_dev_tls_prints_working_client_flags_and_refuses_plaintext() {
     assert_ne!(code, 0, "plaintext get succeeded against a TLS node");
     assert!(!err.is_empty());
 
+    // TLS without the client certificate: mTLS is required.
+    let (code, _, err) = run(&["get", "tls/orders", "--endpoints", &ep, "--ca", ca.to_str().unwrap()]);
+    assert_ne!(code, 0, "a client without a certificate was served");
+    assert!(err.contains("UNAUTHENTICATED"), "{err}");
+
     // A restart reuses the certificates.
     let before = std::fs::read(&ca).unwrap();
     assert!(node.terminate(Duration::from_secs(10)).is_some_and(|s| s.success()));

@@ -455,7 +455,10 @@ impl Node {
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
 
-        let auth = Authenticator::new(config.tenants.clone());
+        // A client CA without tenants means mTLS: a verified client
+        // certificate is the whole authorisation (the single implicit tenant).
+        let mtls_only = config.tenants.is_none() && config.tls.as_ref().is_some_and(|t| t.client_ca_file.is_some());
+        let auth = Authenticator::new(config.tenants.clone(), mtls_only);
         // Serve before bootstrap so peers can greet us and clients reach us at once.
         let mut grpc = tonic::service::Routes::builder();
         grpc.add_service(

