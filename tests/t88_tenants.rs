@@ -155,7 +155,26 @@ async fn t88_tenants_cannot_touch_each_others_resources() {
     // The operator tenant reads everything and may force-release, but not acquire.
     let e = ops.acquire("beta/other").await.unwrap_err();
     refused(e.client_error(), Code::PermissionDenied, Reason::PermissionDenied);
-    assert!(ops.force_release("beta/orders", "t88", "test").await.unwrap().released);
+    let forced = ops.force_release("beta/orders", "t88", "test").await.unwrap();
+    assert!(forced.released);
+    // The audit log names the authenticated tenant, not only the claimed
+    // caller (polled: the line may reach the file a moment after the answer).
+    let audit_dir = s.node.audit_dir().unwrap().to_path_buf();
+    let mut callers = Vec::new();
+    for _ in 0..100 {
+        callers = fencer_coordinator::audit_files(&audit_dir)
+            .unwrap()
+            .iter()
+            .flat_map(|f| fencer_coordinator::read_audit_file(f, &mut 0).unwrap())
+            .filter(|r| r.log_index == forced.log_index)
+            .filter_map(|r| r.caller)
+            .collect::<Vec<String>>();
+        if !callers.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(callers, ["[tenant ops] t88"]);
     let e = alpha.force_release("alpha/orders", "t88", "test").await.unwrap_err();
     refused(&e, Code::PermissionDenied, Reason::PermissionDenied);
 

@@ -161,6 +161,16 @@ impl Caller {
         }
     }
 
+    /// The `caller` an operator action records in the audit log: what the
+    /// client claims, prefixed with the authenticated tenant when there is
+    /// one (the claim alone is self-reported).
+    pub fn audit_caller(&self, claimed: &str) -> String {
+        match self {
+            Self::Anyone => claimed.to_string(),
+            Self::Tenant(t) => format!("[tenant {}] {claimed}", t.name),
+        }
+    }
+
     /// The quota an Acquire of this caller carries, if any.
     pub fn quota(&self) -> Option<Quota> {
         match self {

@@ -259,8 +259,9 @@ impl Admin for AdminApi {
         let ok = observed(&self.metrics, "force_release", &r.resource, async {
             let who = who?;
             who.check(Permission::Admin, &r.resource)?;
-            tracing::warn!(caller = %r.caller, tenant = who.name(), reason = %r.reason, "force-release requested");
-            self.svc.force_release(&r.resource, &r.caller, &r.reason).await
+            let audit_caller = who.audit_caller(&r.caller);
+            tracing::warn!(caller = %audit_caller, reason = %r.reason, "force-release requested");
+            self.svc.force_release(&r.resource, &audit_caller, &r.reason).await
         })
         .await
         .map_err(|e| to_status(&e))?;

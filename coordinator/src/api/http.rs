@@ -253,9 +253,11 @@ struct ForceBody {
 
 async fn force_release(State(s): State<HttpState>, Who(who): Who, Json(b): Json<ForceBody>) -> Response {
     let call = async {
-        who?.check(Permission::Admin, &b.resource)?;
-        tracing::warn!(caller = %b.caller, reason = %b.reason, "force-release requested over HTTP");
-        s.svc.force_release(&b.resource, &b.caller, &b.reason).await
+        let who = who?;
+        who.check(Permission::Admin, &b.resource)?;
+        let audit_caller = who.audit_caller(&b.caller);
+        tracing::warn!(caller = %audit_caller, reason = %b.reason, "force-release requested over HTTP");
+        s.svc.force_release(&b.resource, &audit_caller, &b.reason).await
     };
     reply(observed(&s.metrics, "force_release", &b.resource, call).await.map(|r| {
         json!({
