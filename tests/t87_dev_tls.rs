@@ -63,6 +63,12 @@ fn t87_dev_tls_prints_working_client_flags_and_refuses_plaintext() {
     assert_ne!(code, 0, "plaintext get succeeded against a TLS node");
     assert!(!err.is_empty());
 
+    // fencer top speaks the JSON endpoints with the same flags.
+    let top = with(&["top", "-o", "json"]);
+    let (code, out, err) = run(&top.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("tls/orders"), "{out}");
+
     // TLS without the client certificate: mTLS is required.
     let (code, _, err) = run(&["get", "tls/orders", "--endpoints", &ep, "--ca", ca.to_str().unwrap()]);
     assert_ne!(code, 0, "a client without a certificate was served");

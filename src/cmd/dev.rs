@@ -119,7 +119,7 @@ Try, in another terminal{flags}:
   fencer exec orders/42 --ttl 30s -- sh -c 'echo token $FENCER_TOKEN'
   fencer list
   fencer status
-  fencer top{top_note}
+  fencer top
   fencer audit --data-dir {data}
   {curl}
 Stop with Ctrl-C.",
@@ -127,7 +127,6 @@ Stop with Ctrl-C.",
         data = data_dir.display(),
         audit = node.audit_dir().map_or_else(|| "off".to_string(), |d| d.display().to_string()),
         cluster = node.cluster_id(),
-        top_note = if pki.is_some() { "   (plaintext only: needs --status-listen; pass that address)" } else { "" },
     );
     super::shutdown_signal().await;
     node.shutdown().await;

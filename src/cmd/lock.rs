@@ -53,15 +53,39 @@ pub(crate) struct ClientArgs {
 }
 
 impl ClientArgs {
-    pub(crate) fn client(&self) -> anyhow::Result<Client> {
-        let mut client = Client::new(self.endpoints.clone())?;
-        if let Some(ca) = &self.ca {
-            let mut tls = fencer_client::ClientTls::from_files(ca, self.cert.as_deref(), self.key.as_deref())?;
-            tls.domain_name = self.tls_server_name.clone();
-            client = client.with_tls(&tls)?;
-        } else if self.cert.is_some() || self.key.is_some() {
-            anyhow::bail!("--cert and --key need --ca");
-        }
+    /// TLS and the bearer token for the JSON endpoints (`fencer top`).
+    pub(crate) fn http_auth(&self) -> anyhow::Result<super::node_http::HttpAuth> {
+        use rustls_pki_types::pem::PemObject as _;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let read =
+            |p: &std::path::Path| std::fs::read(p).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()));
+        let certs = |p: &std::path::Path| -> anyhow::Result<Vec<CertificateDer<'static>>> {
+            Ok(CertificateDer::pem_slice_iter(&read(p)?).collect::<Result<Vec<_>, _>>()?)
+        };
+        let tls = match &self.ca {
+            None => None,
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in certs(ca)? {
+                    roots.add(c)?;
+                }
+                let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots);
+                Some(match (&self.cert, &self.key) {
+                    (Some(cert), Some(key)) => {
+                        builder.with_client_auth_cert(certs(cert)?, PrivateKeyDer::from_pem_slice(&read(key)?)?)?
+                    }
+                    _ => builder.with_no_client_auth(),
+                })
+            }
+        };
+        Ok(super::node_http::HttpAuth { tls, bearer: self.bearer_token()? })
+    }
+
+    fn bearer_token(&self) -> anyhow::Result<Option<String>> {
         let token = match (&self.bearer_token, &self.bearer_token_file) {
             (Some(t), _) => Some(t.trim().to_string()),
             (None, Some(path)) => {
@@ -71,7 +95,19 @@ impl ClientArgs {
             }
             (None, None) => None,
         };
-        if let Some(t) = token.filter(|t| !t.is_empty()) {
+        Ok(token.filter(|t| !t.is_empty()))
+    }
+
+    pub(crate) fn client(&self) -> anyhow::Result<Client> {
+        let mut client = Client::new(self.endpoints.clone())?;
+        if let Some(ca) = &self.ca {
+            let mut tls = fencer_client::ClientTls::from_files(ca, self.cert.as_deref(), self.key.as_deref())?;
+            tls.domain_name = self.tls_server_name.clone();
+            client = client.with_tls(&tls)?;
+        } else if self.cert.is_some() || self.key.is_some() {
+            anyhow::bail!("--cert and --key need --ca");
+        }
+        if let Some(t) = self.bearer_token()? {
             client = client.with_bearer_token(&t)?;
         }
         Ok(client)
