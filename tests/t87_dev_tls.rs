@@ -63,6 +63,11 @@ fn t87_dev_tls_prints_working_client_flags_and_refuses_plaintext() {
     assert_ne!(code, 0, "plaintext get succeeded against a TLS node");
     assert!(!err.is_empty());
 
+    // fencer status (gRPC, every member it learns of) works over TLS too.
+    let status = with(&["status", "-o", "json"]);
+    let (code, out, err) = run(&status.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0, "{out}{err}");
+
     // fencer top speaks the JSON endpoints with the same flags.
     let top = with(&["top", "-o", "json"]);
     let (code, out, err) = run(&top.iter().map(String::as_str).collect::<Vec<_>>());
