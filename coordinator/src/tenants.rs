@@ -421,19 +421,17 @@ impl Tenants {
             if permissions.is_empty() {
                 permissions.push((namespace.clone(), BTreeSet::from([Permission::Acquire, Permission::Read])));
             }
-            for (limit, span) in [
+            let limits = [
                 ("max_active_locks", t.limits.max_active_locks.as_ref().map(|v| (*v.get_ref(), v.span()))),
                 ("max_waiters", t.limits.max_waiters.as_ref().map(|v| (*v.get_ref(), v.span()))),
                 (
                     "max_requests_per_sec",
                     t.limits.max_requests_per_sec.as_ref().map(|v| (u64::from(*v.get_ref()), v.span())),
                 ),
-            ]
-            .into_iter()
-            .filter_map(|(l, v)| v.map(|(v, s)| (l, (v, s))))
-            {
-                if span.0 == 0 {
-                    return Err(at(span.1, format!("{limit} = 0 would refuse everything; leave it out for no limit")));
+            ];
+            for (limit, value) in limits {
+                if let Some((0, span)) = value {
+                    return Err(at(span, format!("{limit} = 0 would refuse everything; leave it out for no limit")));
                 }
             }
             let max_requests_per_sec = t.limits.max_requests_per_sec.map(Spanned::into_inner);
