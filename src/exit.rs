@@ -74,7 +74,7 @@ pub(crate) fn code_for(e: &ClientError) -> u8 {
             | Reason::OutcomeUnknown
             | Reason::LeaderChanged
             | Reason::ShuttingDown => UNAVAILABLE,
-            Reason::Other(_) => ERROR,
+            Reason::Unauthenticated | Reason::PermissionDenied | Reason::TenantLimit | Reason::Other(_) => ERROR,
         },
     }
 }

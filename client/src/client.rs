@@ -18,14 +18,19 @@ use std::time::Duration;
 use fencer_proto::v1::admin_client::AdminClient;
 use fencer_proto::v1::lock_client::LockClient;
 use fencer_proto::v1::{
-    AcquireRequest, AcquireResponse, ForceReleaseRequest, ForceReleaseResponse, GetLockRequest, GetLockResponse,
-    ListLocksRequest, ListLocksResponse, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, StatusRequest,
-    StatusResponse,
+    AcquireRequest, AcquireResponse, AddLearnerRequest, ChangeMembershipRequest, ForceReleaseRequest,
+    ForceReleaseResponse, GetLockRequest, GetLockResponse, ListLocksRequest, ListLocksResponse, MembershipResponse,
+    ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, StatusRequest, StatusResponse,
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tracing::Instrument as _;
 
 use crate::error::{ClientError, Reason};
+
+/// Bound on one TLS handshake with a coordinator.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The endpoint of `fencer dev`.
 pub const DEFAULT_ENDPOINT: &str = "127.0.0.1:7420";
@@ -72,11 +77,76 @@ struct Inner {
     state: Mutex<State>,
     call_timeout: Duration,
     max_attempts: usize,
+    tls: Option<ClientTlsConfig>,
+    auth: Auth,
+}
+
+/// A connection to one node, with the caller's credentials on every call.
+pub(crate) type Conn = InterceptedService<Channel, Auth>;
+
+/// Adds `authorization: Bearer …` to every call when a token is configured.
+#[derive(Clone, Default)]
+pub(crate) struct Auth(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for Auth {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            request.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// TLS towards the coordinators: the CA their certificates chain to and,
+/// for mTLS, the client's certificate and key (PEM).
+#[derive(Debug, Clone, Default)]
+pub struct ClientTls {
+    /// PEM of the CA(s) the coordinators' certificates chain to.
+    pub ca_pem: Vec<u8>,
+    /// PEM certificate chain and private key presented to the coordinator.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name to verify instead of each endpoint's host.
+    pub domain_name: Option<String>,
+}
+
+impl ClientTls {
+    /// Reads the PEM files: `ca` is required; `cert` and `key` go together.
+    pub fn from_files(
+        ca: &std::path::Path,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> Result<Self, ClientError> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| ClientError::Config(format!("cannot read {}: {e}", p.display())))
+        };
+        let identity = match (cert, key) {
+            (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+            (None, None) => None,
+            _ => {
+                return Err(ClientError::Config(
+                    "a client certificate needs its key, and a key its certificate".into(),
+                ));
+            }
+        };
+        Ok(Self { ca_pem: read(ca)?, identity, domain_name: None })
+    }
+
+    fn to_tonic(&self) -> ClientTlsConfig {
+        let mut c =
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem)).timeout(TLS_HANDSHAKE_TIMEOUT);
+        if let Some((cert, key)) = &self.identity {
+            c = c.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(d) = &self.domain_name {
+            c = c.domain_name(d.clone());
+        }
+        c
+    }
 }
 
 #[derive(Default)]
 struct State {
-    channels: HashMap<String, Channel>,
+    channels: HashMap<String, Conn>,
     leader: Option<String>,
     /// The endpoint to try first when no leader is known.
     cursor: usize,
@@ -95,7 +165,7 @@ impl Client {
             return Err(ClientError::Config("no endpoints given".into()));
         }
         for e in &endpoints {
-            endpoint(e)?;
+            endpoint(e, None)?;
         }
         let max_attempts = 3 * endpoints.len() + 3;
         let inner = Inner {
@@ -103,20 +173,50 @@ impl Client {
             state: Mutex::new(State::default()),
             call_timeout: Duration::from_secs(10),
             max_attempts,
+            tls: None,
+            auth: Auth::default(),
         };
         Ok(Self { inner: Arc::new(inner) })
+    }
+
+    fn rebuilt(&self, change: impl FnOnce(&mut Inner)) -> Self {
+        let mut inner = Inner {
+            endpoints: self.inner.endpoints.clone(),
+            state: Mutex::new(State::default()),
+            call_timeout: self.inner.call_timeout,
+            max_attempts: self.inner.max_attempts,
+            tls: self.inner.tls.clone(),
+            auth: self.inner.auth.clone(),
+        };
+        change(&mut inner);
+        Self { inner: Arc::new(inner) }
     }
 
     /// Sets the time one attempt may take beyond any requested wait. Call it
     /// before cloning: clones made earlier keep the old value.
     pub fn with_call_timeout(self, timeout: Duration) -> Self {
-        let inner = Inner {
-            endpoints: self.inner.endpoints.clone(),
-            state: Mutex::new(State::default()),
-            call_timeout: timeout,
-            max_attempts: self.inner.max_attempts,
-        };
-        Self { inner: Arc::new(inner) }
+        self.rebuilt(|i| i.call_timeout = timeout)
+    }
+
+    /// Speaks TLS (https) to every endpoint, verifying the coordinators'
+    /// certificates against `tls.ca_pem` and presenting the client
+    /// certificate, if any (mTLS). Call it before cloning.
+    pub fn with_tls(self, tls: &ClientTls) -> Result<Self, ClientError> {
+        let config = tls.to_tonic();
+        for e in &self.inner.endpoints {
+            endpoint(e, Some(&config))?;
+        }
+        Ok(self.rebuilt(|i| i.tls = Some(config)))
+    }
+
+    /// Sends `authorization: Bearer <token>` with every call (a tenant's
+    /// bearer token; docs/security.md). Use TLS with it: the token is a
+    /// password. Call it before cloning.
+    pub fn with_bearer_token(self, token: &str) -> Result<Self, ClientError> {
+        let value: MetadataValue<Ascii> = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| ClientError::Config("the bearer token must be printable ASCII".into()))?;
+        Ok(self.rebuilt(|i| i.auth = Auth(Some(value))))
     }
 
     /// The configured endpoints.
@@ -132,12 +232,13 @@ impl Client {
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn channel(&self, addr: &str) -> Result<Channel, ClientError> {
+    fn channel(&self, addr: &str) -> Result<Conn, ClientError> {
         let mut state = self.state();
         if let Some(c) = state.channels.get(addr) {
             return Ok(c.clone());
         }
-        let c = endpoint(addr)?.connect_lazy();
+        let c =
+            InterceptedService::new(endpoint(addr, self.inner.tls.as_ref())?.connect_lazy(), self.inner.auth.clone());
         state.channels.insert(addr.to_string(), c.clone());
         Ok(c)
     }
@@ -145,7 +246,7 @@ impl Client {
     /// Runs `op` against the leader, following hints, within bounded attempts.
     async fn route<T, F, Fut>(&self, extra: Duration, op: F) -> Result<T, ClientError>
     where
-        F: Fn(Channel) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         // Start where the last failure left off, so a dead node is not the
@@ -316,6 +417,41 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Adds a learner, asking the node at `leader_addr` (operator action).
+    pub async fn add_learner(&self, leader_addr: &str, id: u64, addr: &str) -> Result<MembershipResponse, ClientError> {
+        let mut admin = AdminClient::new(self.channel(leader_addr)?);
+        let req = AddLearnerRequest { node_id: id, addr: addr.into() };
+        match tokio::time::timeout(self.inner.call_timeout * 3, admin.add_learner(req)).await {
+            Ok(r) => r.map(tonic::Response::into_inner).map_err(|s| ClientError::from_status(&s)),
+            Err(_) => Err(ClientError::Unavailable {
+                reason: None,
+                message: format!("{leader_addr} did not answer"),
+                metadata: HashMap::new(),
+            }),
+        }
+    }
+
+    /// Replaces the voter set, asking the node at `leader_addr` (operator action).
+    pub async fn change_membership(
+        &self,
+        leader_addr: &str,
+        voters: Vec<u64>,
+        retain: bool,
+    ) -> Result<MembershipResponse, ClientError> {
+        let mut admin = AdminClient::new(self.channel(leader_addr)?);
+        let req = ChangeMembershipRequest { voters, retain };
+        match tokio::time::timeout(self.inner.call_timeout * 3, admin.change_membership(req)).await {
+            Ok(r) => r.map(tonic::Response::into_inner).map_err(|s| ClientError::from_status(&s)),
+            Err(_) => Err(ClientError::Unavailable {
+                reason: None,
+                message: format!("{leader_addr} did not answer"),
+                metadata: HashMap::new(),
+            }),
+        }
+    }
+}
+
 fn leader_hint(err: &ClientError) -> Option<String> {
     match err {
         ClientError::Unavailable { metadata, .. } => metadata.get("leader_addr").cloned(),
@@ -329,13 +465,28 @@ fn backoff(attempt: usize) -> Duration {
     Duration::from_millis((25u64 << attempt.min(4)).min(400))
 }
 
-fn endpoint(addr: &str) -> Result<Endpoint, ClientError> {
-    let uri = if addr.starts_with("http://") || addr.starts_with("https://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
+/// The endpoint of `addr` (`host:port`, or a URL): https with `tls`; a
+/// scheme that contradicts the TLS setting is refused rather than guessed.
+fn endpoint(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<Endpoint, ClientError> {
+    let uri = match (addr.split_once("://").map(|(scheme, _)| scheme), tls) {
+        (Some("http"), None) | (Some("https"), Some(_)) => addr.to_string(),
+        (Some("https"), None) => {
+            return Err(ClientError::Config(format!(
+                "endpoint {addr:?} is https: give the CA its certificate chains to (--ca / FENCER_CA)"
+            )));
+        }
+        (Some("http"), Some(_)) => {
+            return Err(ClientError::Config(format!("endpoint {addr:?} is plain http, but TLS is configured")));
+        }
+        (Some(other), _) => return Err(ClientError::Config(format!("endpoint {addr:?}: unknown scheme {other:?}"))),
+        (None, None) => format!("http://{addr}"),
+        (None, Some(_)) => format!("https://{addr}"),
     };
-    Endpoint::from_shared(uri)
+    let e = Endpoint::from_shared(uri)
         .map(|e| e.connect_timeout(Duration::from_secs(2)).tcp_nodelay(true))
-        .map_err(|e| ClientError::Config(format!("bad endpoint {addr:?}: {e}")))
+        .map_err(|e| ClientError::Config(format!("bad endpoint {addr:?}: {e}")))?;
+    match tls {
+        None => Ok(e),
+        Some(t) => e.tls_config(t.clone()).map_err(|e| ClientError::Config(format!("TLS for {addr:?}: {e}"))),
+    }
 }

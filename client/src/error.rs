@@ -32,6 +32,14 @@ pub enum Reason {
     LeaderChanged,
     /// The node is shutting down.
     ShuttingDown,
+    /// The credentials (client certificate, bearer token) are missing or
+    /// name no tenant.
+    Unauthenticated,
+    /// The caller's tenant may not do this to this resource (metadata:
+    /// `tenant`, `permission`, `resource`).
+    PermissionDenied,
+    /// A tenant limit was reached (metadata: `limit` names it, `value`).
+    TenantLimit,
     /// Any other reason, as sent.
     Other(String),
 }
@@ -52,6 +60,9 @@ impl Reason {
             "OUTCOME_UNKNOWN" => Self::OutcomeUnknown,
             "LEADER_CHANGED" => Self::LeaderChanged,
             "SHUTTING_DOWN" => Self::ShuttingDown,
+            "UNAUTHENTICATED" => Self::Unauthenticated,
+            "PERMISSION_DENIED" => Self::PermissionDenied,
+            "TENANT_LIMIT" => Self::TenantLimit,
             other => Self::Other(other.to_string()),
         }
     }
@@ -71,6 +82,9 @@ impl Reason {
             Self::OutcomeUnknown => "OUTCOME_UNKNOWN",
             Self::LeaderChanged => "LEADER_CHANGED",
             Self::ShuttingDown => "SHUTTING_DOWN",
+            Self::Unauthenticated => "UNAUTHENTICATED",
+            Self::PermissionDenied => "PERMISSION_DENIED",
+            Self::TenantLimit => "TENANT_LIMIT",
             Self::Other(s) => s,
         }
     }
@@ -114,6 +128,15 @@ impl ClientError {
             Self::Refused { reason, .. } => Some(reason),
             Self::Unavailable { reason, .. } => reason.as_ref(),
             Self::Config(_) => None,
+        }
+    }
+
+    /// The ErrorInfo metadata the server sent (empty for configuration errors).
+    pub fn metadata(&self) -> &HashMap<String, String> {
+        static EMPTY: std::sync::OnceLock<HashMap<String, String>> = std::sync::OnceLock::new();
+        match self {
+            Self::Refused { metadata, .. } | Self::Unavailable { metadata, .. } => metadata,
+            Self::Config(_) => EMPTY.get_or_init(HashMap::new),
         }
     }
 

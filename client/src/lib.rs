@@ -69,7 +69,7 @@ mod types;
 
 pub use self::acquire::{AcquireBuilder, AcquireError, DEFAULT_RETRY_BUDGET, Grant};
 pub use self::acquire_all::{AcquireAll, AcquireAllError, LeaseSet};
-pub use self::client::{Client, DEFAULT_ENDPOINT, default_holder, new_request_id};
+pub use self::client::{Client, ClientTls, DEFAULT_ENDPOINT, default_holder, new_request_id};
 pub use self::clock::Instant;
 pub use self::error::{ClientError, Reason};
 pub use self::lease::{Lease, LeaseHandle, LeaseState, LostReason, ReleaseError, Released};

@@ -328,7 +328,9 @@ pub(crate) fn records_for(
                 let mut r = AuditRecord::new(index, time(), AuditOp::Acquire, AuditOutcome::Queued);
                 r.resource = Some(resource.to_string());
                 r.request_id = Some(request_id.to_string());
-                if let Command::Acquire { holder, lease_id, ttl_ms, .. } = &entry.cmd {
+                if let Command::Acquire { holder, lease_id, ttl_ms, .. }
+                | Command::AcquireInQuota { holder, lease_id, ttl_ms, .. } = &entry.cmd
+                {
                     r.lease_id = Some(lease_id.to_string());
                     r.holder = Some(holder.to_string());
                     r.ttl_ms = Some(*ttl_ms);

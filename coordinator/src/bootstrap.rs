@@ -37,8 +37,9 @@ use std::time::Duration;
 use fencer_proto::raft::HelloRequest;
 use fencer_proto::raft::raft_client::RaftClient;
 use serde::{Deserialize, Serialize};
-use tonic::transport::Endpoint;
+use tonic::transport::ClientTlsConfig;
 
+use crate::tls::peer_endpoint;
 use crate::types::NodeId;
 
 /// The identity file of a data dir.
@@ -121,10 +122,16 @@ pub(crate) enum PeerAnswer {
 }
 
 /// Says Hello to one address.
-pub(crate) async fn hello(addr: &str, from: NodeId, cluster_id: &str, timeout: Duration) -> PeerAnswer {
-    let endpoint = match Endpoint::from_shared(format!("http://{addr}")) {
+pub(crate) async fn hello(
+    addr: &str,
+    from: NodeId,
+    cluster_id: &str,
+    timeout: Duration,
+    tls: Option<&ClientTlsConfig>,
+) -> PeerAnswer {
+    let endpoint = match peer_endpoint(addr, tls) {
         Ok(e) => e.connect_timeout(timeout).tcp_nodelay(true),
-        Err(e) => return PeerAnswer::Unreachable(format!("bad address {addr:?}: {e}")),
+        Err(e) => return PeerAnswer::Unreachable(e),
     };
     let call = async {
         let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
@@ -148,9 +155,10 @@ pub(crate) async fn greet_peers(
     me: NodeId,
     cluster_id: &str,
     timeout: Duration,
+    tls: Option<&ClientTlsConfig>,
 ) -> BTreeMap<NodeId, PeerAnswer> {
     let calls = peers.iter().filter(|(id, _)| **id != me).map(|(id, addr)| async move {
-        let answer = hello(addr, me, cluster_id, timeout).await;
+        let answer = hello(addr, me, cluster_id, timeout, tls).await;
         (*id, answer)
     });
     futures::future::join_all(calls).await.into_iter().collect()

@@ -17,7 +17,11 @@
 //! - `bootstrap` — identity of a data dir, forming and joining a cluster.
 //! - `leadership` — the leader's life cycle: take over inherited leases,
 //!   expire overdue ones, step back on quorum loss.
-//! - `server` — the accept loop of the node's port; owns every connection.
+//! - `server` — the accept loop of the node's port; owns every connection,
+//!   runs TLS handshakes, bounds connections.
+//! - `tenants` — the tenants file, callers, permissions, per-tenant limits.
+//! - `tls` — rustls configs, peer and client certificate checks, the local
+//!   CA of `fencer dev --tls`.
 //! - `lease_clock` — leader-local lease deadlines (the only lease timing).
 //! - `clock` — the only place time is read.
 //! - `waiters` — parked Acquire calls; promotion wakes exactly one.
@@ -69,6 +73,8 @@ mod server;
 mod service;
 mod state_machine;
 mod store;
+mod tenants;
+mod tls;
 mod types;
 mod waiters;
 
@@ -91,10 +97,14 @@ pub use self::service::{
 };
 pub use self::state_machine::{
     Applied, CancelOutcome, Changes, Command, DedupOutcome, DedupRecord, EndReason, EndedLease, Event, Grant,
-    LockRecord, LockState, LogCommand, Outcome, Rejection, ResourceHash, ResourceState, Waiter,
+    LockRecord, LockState, LogCommand, Outcome, Quota, QuotaLimit, Rejection, ResourceHash, ResourceState, Waiter,
 };
 pub use self::store::{
     ApplyObserver, LOG_FILE, LogReader, LogStore, NoObserver, SNAPSHOT_DIR, STATE_FILE, StateMachineStore,
+};
+pub use self::tenants::{Authenticator, Caller, Permission, Tenant, Tenants, TenantsError, bearer_token_sha256};
+pub use self::tls::{
+    CertFiles, CertUse, ConnInfo, DEFAULT_TLS_HANDSHAKE_TIMEOUT, DevCa, DevPki, NodeTls, TlsError, certificate_identity,
 };
 pub use self::types::{
     AuditText, FencingToken, Holder, InvalidField, LeaseId, MAX_AUDIT_TEXT_LEN, MAX_HOLDER_LEN, MAX_REQUEST_ID_LEN,

@@ -24,11 +24,12 @@ use openraft::raft::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::bootstrap::ClusterId;
 use crate::store::{StateMachineStore, decode, encode};
+use crate::tls::{ConnInfo, peer_endpoint};
 use crate::types::{NodeId, TypeConfig};
 
 /// The raft handle type of a coordinator node.
@@ -69,12 +70,19 @@ pub(crate) struct NetworkFactory {
     cluster_id: Arc<ClusterId>,
     faults: Option<Arc<dyn Faults>>,
     connect_timeout: Duration,
+    tls: Option<ClientTlsConfig>,
 }
 
 impl NetworkFactory {
-    /// A factory for node `from` of the cluster `cluster_id` names.
-    pub(crate) fn new(from: NodeId, cluster_id: Arc<ClusterId>, faults: Option<Arc<dyn Faults>>) -> Self {
-        Self { from, cluster_id, faults, connect_timeout: Duration::from_millis(500) }
+    /// A factory for node `from` of the cluster `cluster_id` names; with
+    /// `tls`, peers are called over https with this node's certificate.
+    pub(crate) fn new(
+        from: NodeId,
+        cluster_id: Arc<ClusterId>,
+        faults: Option<Arc<dyn Faults>>,
+        tls: Option<ClientTlsConfig>,
+    ) -> Self {
+        Self { from, cluster_id, faults, connect_timeout: Duration::from_millis(500), tls }
     }
 }
 
@@ -82,7 +90,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
-        let channel = Endpoint::from_shared(format!("http://{}", node.addr))
+        let channel = peer_endpoint(&node.addr, self.tls.as_ref())
             .map(|e| e.connect_timeout(self.connect_timeout).tcp_nodelay(true).connect_lazy());
         PeerClient {
             from: self.from,
@@ -256,13 +264,33 @@ pub(crate) struct RaftService {
     raft: RaftHandle,
     node_id: NodeId,
     cluster_id: Arc<ClusterId>,
+    require_peer: bool,
 }
 
 impl RaftService {
     /// Serves raft messages for `raft`, refusing other clusters' messages
     /// and every message while this node has not joined a cluster yet.
-    pub(crate) fn new(raft: RaftHandle, node_id: NodeId, cluster_id: Arc<ClusterId>) -> Self {
-        Self { raft, node_id, cluster_id }
+    /// With `require_peer` (TLS on the port), every call must come over a
+    /// connection whose client certificate chains to the peer CA.
+    pub(crate) fn new(raft: RaftHandle, node_id: NodeId, cluster_id: Arc<ClusterId>, require_peer: bool) -> Self {
+        Self { raft, node_id, cluster_id, require_peer }
+    }
+
+    /// Refuses a call that did not come from an authenticated peer, when
+    /// peers must authenticate. Clients cannot reach raft this way: their
+    /// certificates (if any) chain to the client CA, not the peer CA.
+    fn authenticate<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        if !self.require_peer {
+            return Ok(());
+        }
+        let peer = request.extensions().get::<ConnInfo>().is_some_and(|c| c.peer);
+        if !peer {
+            tracing::warn!(remote = ?request.remote_addr(), "refusing raft traffic without a peer certificate");
+            return Err(Status::permission_denied(
+                "raft traffic needs a client certificate issued by the cluster's peer CA",
+            ));
+        }
+        Ok(())
     }
 
     fn check(&self, cluster_id: &str, from: NodeId) -> Result<(), Status> {
@@ -295,6 +323,7 @@ fn bad_payload(e: std::io::Error) -> Status {
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
     async fn append_entries(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.authenticate(&request)?;
         let p = request.into_inner();
         self.check(&p.cluster_id, p.from)?;
         let req: AppendEntriesRequest<TypeConfig> = decode(&p.data, "append_entries").map_err(bad_payload)?;
@@ -302,6 +331,7 @@ impl RaftRpc for RaftService {
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.authenticate(&request)?;
         let p = request.into_inner();
         self.check(&p.cluster_id, p.from)?;
         let req: VoteRequest<TypeConfig> = decode(&p.data, "vote").map_err(bad_payload)?;
@@ -309,6 +339,7 @@ impl RaftRpc for RaftService {
     }
 
     async fn transfer_leader(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.authenticate(&request)?;
         let p = request.into_inner();
         self.check(&p.cluster_id, p.from)?;
         let req: TransferLeaderRequest<TypeConfig> = decode(&p.data, "transfer_leader").map_err(bad_payload)?;
@@ -319,6 +350,7 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<Streaming<SnapshotChunk>>,
     ) -> Result<Response<RaftPayload>, Status> {
+        self.authenticate(&request)?;
         let mut stream = request.into_inner();
         let mut header: Option<(Vote, SnapshotMeta)> = None;
         let mut data = Vec::new();
@@ -338,6 +370,7 @@ impl RaftRpc for RaftService {
     }
 
     async fn hello(&self, request: Request<HelloRequest>) -> Result<Response<HelloResponse>, Status> {
+        self.authenticate(&request)?;
         let r = request.into_inner();
         let ours = self.cluster_id.to_text();
         if !r.cluster_id.is_empty() && !ours.is_empty() && r.cluster_id != ours {

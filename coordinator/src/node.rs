@@ -16,6 +16,7 @@ use openraft::rt::watch::WatchReceiver;
 use openraft::{BasicNode, Config, SnapshotPolicy};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tonic::transport::ClientTlsConfig;
 
 use crate::api::{AdminApi, LockApi, router, status_router};
 use crate::audit::{AuditConfig, AuditLog};
@@ -31,6 +32,8 @@ use crate::policy::Policy;
 use crate::service::{LockService, ServiceInner};
 use crate::state_machine::{Applied, Command, Event, Grant, LockState, LogCommand};
 use crate::store::{ApplyObserver, LOG_FILE, LogStore, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
+use crate::tenants::{Authenticator, Tenants};
+use crate::tls::{NodeTls, ServerTls, peer_client_tls};
 use crate::types::NodeId;
 use crate::waiters::ParkedCalls;
 
@@ -82,6 +85,12 @@ pub struct NodeConfig {
     /// Run-time log filter changes (`/v1/admin/log-level`), when the
     /// process owns a reloadable subscriber.
     pub log_control: Option<LogControlHandle>,
+    /// TLS on `listen` (the lock API and raft traffic); `None`: plaintext.
+    /// The status port stays plaintext (docs/security.md).
+    pub tls: Option<NodeTls>,
+    /// Tenants (identities, permissions, limits); `None`: every caller may
+    /// do everything (the insecure default).
+    pub tenants: Option<Arc<Tenants>>,
 }
 
 impl NodeConfig {
@@ -102,6 +111,8 @@ impl NodeConfig {
             audit: Some(AuditConfig::default()),
             hot_capacity: DEFAULT_HOT_CAPACITY,
             log_control: None,
+            tls: None,
+            tenants: None,
         }
     }
 
@@ -185,6 +196,9 @@ pub enum StartError {
     /// Raft refused to start.
     #[error("raft: {0}")]
     Raft(String),
+    /// The TLS certificates, keys or CAs cannot be used.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// Connects applied entries to the lease clock, parked calls, metrics and
@@ -199,7 +213,7 @@ struct NodeObserver {
 
 impl ApplyObserver for NodeObserver {
     fn on_applied(&self, index: u64, entry: &LogCommand, applied: &Applied) {
-        if let Command::Acquire { resource, .. } = &entry.cmd
+        if let Command::Acquire { resource, .. } | Command::AcquireInQuota { resource, .. } = &entry.cmd
             && !applied.events.iter().any(|e| matches!(e, Event::DedupHit { .. }))
         {
             self.hot.acquired(resource, self.clock.now());
@@ -305,12 +319,23 @@ impl Node {
                 return Err(StartError::MissingIdentity(dir));
             }
         }
+        let server_tls =
+            config.tls.as_ref().map(ServerTls::new).transpose().map_err(|e| StartError::Tls(e.to_string()))?;
+        let peer_tls =
+            config.tls.as_ref().map(peer_client_tls).transpose().map_err(|e| StartError::Tls(e.to_string()))?.flatten();
+        if config.tls.is_some() && peer_tls.is_none() && !single {
+            return Err(StartError::Config(
+                "TLS for a cluster of several nodes needs --peer-ca: the CA the nodes' certificates chain to".into(),
+            ));
+        }
         // Rule 2: greet the peers before listening or touching the stores;
         // refuse a foreign data dir.
         if let Some(id) = &identity
             && !single
         {
-            let answers = bootstrap::greet_peers(&config.peers, config.node_id, &id.cluster_id, HELLO_TIMEOUT).await;
+            let answers =
+                bootstrap::greet_peers(&config.peers, config.node_id, &id.cluster_id, HELLO_TIMEOUT, peer_tls.as_ref())
+                    .await;
             if let Some(evidence) = bootstrap::foreign_evidence(&id.cluster_id, &answers, &config.peers) {
                 return Err(StartError::ForeignCluster { path: dir, ours: id.cluster_id.clone(), evidence });
             }
@@ -408,7 +433,7 @@ impl Node {
         }
         .validate()
         .map_err(|e| StartError::Config(e.to_string()))?;
-        let network = NetworkFactory::new(config.node_id, cluster.clone(), config.faults.clone());
+        let network = NetworkFactory::new(config.node_id, cluster.clone(), config.faults.clone(), peer_tls.clone());
         let raft = openraft::Raft::new(config.node_id, Arc::new(raft_config), network, log.clone(), sm.clone())
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
@@ -430,31 +455,35 @@ impl Node {
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
 
+        // A client CA without tenants means mTLS: a verified client
+        // certificate is the whole authorisation (the single implicit tenant).
+        let mtls_only = config.tenants.is_none() && config.tls.as_ref().is_some_and(|t| t.client_ca_file.is_some());
+        let auth = Authenticator::new(config.tenants.clone(), mtls_only);
         // Serve before bootstrap so peers can greet us and clients reach us at once.
         let mut grpc = tonic::service::Routes::builder();
         grpc.add_service(
-            LockServer::new(LockApi { svc: svc.clone(), metrics: metrics.clone() })
+            LockServer::new(LockApi { svc: svc.clone(), metrics: metrics.clone(), auth: auth.clone() })
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
-            AdminServer::new(AdminApi { svc: svc.clone(), metrics: metrics.clone() })
+            AdminServer::new(AdminApi { svc: svc.clone(), metrics: metrics.clone(), auth: auth.clone() })
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
-            RaftServer::new(RaftService::new(raft.clone(), config.node_id, cluster.clone()))
+            RaftServer::new(RaftService::new(raft.clone(), config.node_id, cluster.clone(), server_tls.is_some()))
                 .max_decoding_message_size(MAX_RAFT_MESSAGE)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE),
         );
         let app = grpc
             .routes()
             .into_axum_router()
-            .merge(router(svc.clone(), metrics.clone()))
+            .merge(router(svc.clone(), metrics.clone(), auth.clone()))
             .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
-        let server = tokio::spawn(crate::server::serve(listener, app, shutdown_rx.clone(), SHUTDOWN_GRACE));
+        let server = tokio::spawn(crate::server::serve(listener, app, server_tls, shutdown_rx.clone(), SHUTDOWN_GRACE));
         let status_server = status_listener.map(|l| {
-            let app = status_router(svc.clone(), metrics.clone())
+            let app = status_router(svc.clone(), metrics.clone(), auth.clone())
                 .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
-            tokio::spawn(crate::server::serve(l, app, shutdown_rx.clone(), SHUTDOWN_GRACE))
+            tokio::spawn(crate::server::serve(l, app, None, shutdown_rx.clone(), SHUTDOWN_GRACE))
         });
 
         let mut tasks = Vec::new();
@@ -481,6 +510,7 @@ impl Node {
                     me: config.node_id,
                     peers: peers.clone(),
                     cluster: cluster.clone(),
+                    tls: peer_tls.clone(),
                 },
                 shutdown_rx.clone(),
             ))),
@@ -671,6 +701,7 @@ struct JoinCtx {
     me: NodeId,
     peers: BTreeMap<NodeId, String>,
     cluster: Arc<ClusterId>,
+    tls: Option<ClientTlsConfig>,
 }
 
 /// Rule 4 of `bootstrap`: greet the peers until one names the cluster (adopt
@@ -678,7 +709,7 @@ struct JoinCtx {
 async fn join_cluster(ctx: JoinCtx, mut shutdown: watch::Receiver<bool>) {
     let mut rounds = 0u64;
     loop {
-        let answers = bootstrap::greet_peers(&ctx.peers, ctx.me, "", HELLO_TIMEOUT).await;
+        let answers = bootstrap::greet_peers(&ctx.peers, ctx.me, "", HELLO_TIMEOUT, ctx.tls.as_ref()).await;
         let step = bootstrap::pristine_step(ctx.me, &ctx.peers, &answers);
         let identity = match &step {
             PristineStep::Adopt { cluster_id, via } => {

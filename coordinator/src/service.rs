@@ -81,6 +81,29 @@ pub enum LockError {
     /// A bug or a storage failure.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The caller's credentials are missing or name no tenant.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The caller's tenant may not do this to this resource.
+    #[error("tenant {tenant:?} has no {permission} permission on {resource:?}")]
+    PermissionDenied {
+        /// The tenant.
+        tenant: String,
+        /// acquire, read or admin.
+        permission: &'static str,
+        /// The resource (or what else was asked for).
+        resource: String,
+    },
+    /// A tenant limit was reached.
+    #[error("tenant {tenant:?} reached its limit {limit} = {value}")]
+    TenantLimit {
+        /// The tenant ("" when only the state machine knew).
+        tenant: String,
+        /// max_active_locks, max_waiters or max_requests_per_sec.
+        limit: &'static str,
+        /// The limit's value.
+        value: u64,
+    },
 }
 
 impl LockError {
@@ -100,14 +123,19 @@ impl LockError {
             Self::LeaderChanged => "LEADER_CHANGED",
             Self::ShuttingDown => "SHUTTING_DOWN",
             Self::Internal(_) => "INTERNAL",
+            Self::Unauthenticated(_) => "UNAUTHENTICATED",
+            Self::PermissionDenied { .. } => "PERMISSION_DENIED",
+            Self::TenantLimit { .. } => "TENANT_LIMIT",
         }
     }
 
     /// The outcome label for metrics (DESIGN §6).
     pub fn metric_outcome(&self) -> &'static str {
         match self {
-            Self::Invalid(_) | Self::RequestIdReused => "invalid",
-            Self::LockHeld { .. } | Self::TooManyWaiters { .. } => "conflict",
+            Self::Invalid(_) | Self::RequestIdReused | Self::Unauthenticated(_) | Self::PermissionDenied { .. } => {
+                "invalid"
+            }
+            Self::LockHeld { .. } | Self::TooManyWaiters { .. } | Self::TenantLimit { .. } => "conflict",
             Self::WaitTimeout => "timeout",
             Self::NotHolder | Self::LeaseExpired => "not_holder",
             Self::NotLeader { .. } | Self::NoQuorum | Self::LeaderChanged | Self::ShuttingDown => "unavailable",
@@ -129,6 +157,8 @@ pub struct AcquireRequest {
     pub wait_timeout_ms: u64,
     /// Who asks.
     pub holder: String,
+    /// The caller's tenant limits, checked at apply (module `tenants`).
+    pub quota: Option<crate::state_machine::Quota>,
 }
 
 /// A granted lease with the leader's expiry estimate.
@@ -371,14 +401,27 @@ impl LockService {
         let wait = policy.wait(req.wait_timeout_ms)?;
         self.ensure_leader()?;
         let lease_id = LeaseId::random().map_err(|e| LockError::Internal(format!("random lease id: {e}")))?;
-        let cmd = Command::Acquire {
-            request_id: request_id.clone(),
-            resource: resource.clone(),
-            holder,
-            ttl_ms: ttl.as_millis() as u64,
-            wait: !wait.is_zero(),
-            lease_id,
-            max_waiters: policy.max_waiters_per_resource,
+        let (ttl_ms, max_waiters) = (ttl.as_millis() as u64, policy.max_waiters_per_resource);
+        let cmd = match req.quota {
+            None => Command::Acquire {
+                request_id: request_id.clone(),
+                resource: resource.clone(),
+                holder,
+                ttl_ms,
+                wait: !wait.is_zero(),
+                lease_id,
+                max_waiters,
+            },
+            Some(quota) => Command::AcquireInQuota {
+                request_id: request_id.clone(),
+                resource: resource.clone(),
+                holder,
+                ttl_ms,
+                wait: !wait.is_zero(),
+                lease_id,
+                max_waiters,
+                quota,
+            },
         };
         if wait.is_zero() {
             return match self.propose(cmd).await? {
@@ -474,6 +517,9 @@ impl LockService {
                 Rejection::LeaseExpired => LockError::LeaseExpired,
                 Rejection::RequestIdReused => LockError::RequestIdReused,
                 Rejection::WaitCancelled => LockError::WaitTimeout,
+                Rejection::TenantLimit { limit, value } => {
+                    LockError::TenantLimit { tenant: String::new(), limit: limit.as_str(), value }
+                }
             },
             other => LockError::Internal(format!("unexpected outcome {other:?}")),
         }
@@ -601,6 +647,18 @@ impl LockService {
         page_size: u32,
         page_token: &str,
     ) -> Result<(Vec<LockView>, String), LockError> {
+        self.list_where(prefix, page_size, page_token, |_| true).await
+    }
+
+    /// [`list`](Self::list) of the resources `visible` admits only (a
+    /// tenant's readable prefixes); the others are skipped as if absent.
+    pub async fn list_where(
+        &self,
+        prefix: &str,
+        page_size: u32,
+        page_token: &str,
+        visible: impl Fn(&str) -> bool,
+    ) -> Result<(Vec<LockView>, String), LockError> {
         check_resource_chars(prefix).map_err(|e| InvalidField::Prefix(e.to_string()))?;
         let max = self.inner.policy.max_page_size;
         if page_size > max {
@@ -625,6 +683,9 @@ impl LockService {
         for (name, r) in range.skip_while(|(n, _)| n.as_str() < prefix) {
             if !name.as_str().starts_with(prefix) {
                 break;
+            }
+            if !visible(name.as_str()) {
+                continue;
             }
             if out.len() == page_size {
                 next = out.last().map(|v: &LockView| v.resource.to_string()).unwrap_or_default();

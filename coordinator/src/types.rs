@@ -183,6 +183,13 @@ pub(crate) fn check_resource_chars(name: &str) -> Result<(), InvalidField> {
     Ok(())
 }
 
+/// Lets the lock table be searched by a prefix (`str` orders as the name does).
+impl std::borrow::Borrow<str> for ResourceName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for ResourceName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use fencer_coordinator::{AuditConfig, Node, NodeConfig};
+use fencer_coordinator::{AuditConfig, Node, NodeConfig, NodeTls, Tenants};
 
 use super::log_level::LogFilter;
 use super::parse_duration;
@@ -59,6 +59,48 @@ impl ObservabilityArgs {
         });
         config.hot_capacity = self.hot_capacity as usize;
         config.log_control = Some(log);
+    }
+}
+
+/// TLS flags of `fencer coordinator` (docs/security.md, "TLS for the
+/// coordinator").
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct TlsArgs {
+    /// Serve the lock API and raft traffic over TLS with this certificate
+    /// chain (PEM, leaf first); plaintext connections are then refused.
+    #[arg(long, env = "FENCER_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "FENCER_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
+    /// Verify client certificates against this CA (mTLS); a verified
+    /// certificate names a client identity for --tenants.
+    #[arg(long, env = "FENCER_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+
+    /// The CA of the cluster's nodes: raft traffic is accepted only with a
+    /// client certificate it issued, and peers' certificates must chain to
+    /// it. Required with TLS when the cluster has more than one node.
+    #[arg(long, env = "FENCER_PEER_CA", requires = "tls_cert")]
+    peer_ca: Option<PathBuf>,
+
+    /// Bound on one TLS handshake.
+    #[arg(long, env = "FENCER_TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    tls_handshake_timeout: Duration,
+}
+
+impl TlsArgs {
+    /// The node's TLS settings, if TLS is on.
+    pub(crate) fn node_tls(&self) -> Option<NodeTls> {
+        Some(NodeTls {
+            cert_file: self.tls_cert.clone()?,
+            key_file: self.tls_key.clone()?,
+            client_ca_file: self.tls_client_ca.clone(),
+            peer_ca_file: self.peer_ca.clone(),
+            handshake_timeout: self.tls_handshake_timeout,
+        })
     }
 }
 
@@ -127,6 +169,23 @@ pub(crate) struct CoordinatorArgs {
 
     #[command(flatten)]
     observability: ObservabilityArgs,
+
+    #[command(flatten)]
+    tls: TlsArgs,
+
+    /// Tenants (TOML): identities, namespaces, per-prefix permissions and
+    /// limits (docs/security.md, "Tenants"). Without it every caller may do
+    /// everything.
+    #[arg(long, env = "FENCER_TENANTS")]
+    tenants: Option<PathBuf>,
+}
+
+/// Loads a tenants file off the async workers; an invalid file stops the
+/// start with its line and reason.
+pub(crate) async fn load_tenants(path: Option<&PathBuf>) -> anyhow::Result<Option<Arc<Tenants>>> {
+    let Some(path) = path.cloned() else { return Ok(None) };
+    let tenants = tokio::task::spawn_blocking(move || Tenants::load(&path)).await??;
+    Ok(Some(Arc::new(tenants)))
 }
 
 fn parse_peer(s: &str) -> Result<(u64, String), String> {
@@ -164,12 +223,19 @@ pub(crate) async fn run(args: CoordinatorArgs, log: Arc<LogFilter>) -> anyhow::R
     config.election_timeout = (args.election_timeout, args.election_timeout * 2);
     config.snapshot_every = args.snapshot_every.max(1_000);
     args.observability.apply(&mut config, log);
+    config.tls = args.tls.node_tls();
+    config.tenants = load_tenants(args.tenants.as_ref()).await?;
+    if config.tenants.is_some() && config.tls.is_none() {
+        tracing::warn!("--tenants without TLS: bearer tokens cross the network in plaintext");
+    }
+    let tls = config.tls.is_some();
     let node = Node::start(config).await?;
     let cluster = node.cluster_id();
     eprintln!(
-        "fencer coordinator: node {} serving on {}{} ({})",
+        "fencer coordinator: node {} serving on {}{}{} ({})",
         args.id,
         node.local_addr(),
+        if tls { " (TLS)" } else { " (plaintext)" },
         node.status_addr().map(|a| format!(", status on {a}")).unwrap_or_default(),
         if cluster.is_empty() {
             "looking for its cluster among --peers".to_string()

@@ -83,7 +83,20 @@ pub(crate) fn is_exec_invocation(args: impl IntoIterator<Item = OsString>) -> bo
     let mut args = args.into_iter().skip(1);
     while let Some(arg) = args.next() {
         let arg = arg.to_string_lossy();
-        if matches!(arg.as_ref(), "--log" | "--log-format" | "--endpoints" | "-o" | "--output") {
+        if matches!(
+            arg.as_ref(),
+            "--log"
+                | "--log-format"
+                | "--endpoints"
+                | "-o"
+                | "--output"
+                | "--ca"
+                | "--cert"
+                | "--key"
+                | "--bearer-token"
+                | "--bearer-token-file"
+                | "--tls-server-name"
+        ) {
             args.next();
             continue;
         }

@@ -23,11 +23,94 @@ pub(crate) struct ClientArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", env = "FENCER_OUTPUT", value_enum, default_value_t = OutputFormat::Table, global = true)]
     pub(crate) output: OutputFormat,
+
+    /// Speak TLS to the coordinators and verify their certificates against
+    /// this CA (PEM). Endpoints become https.
+    #[arg(long, env = "FENCER_CA", global = true)]
+    pub(crate) ca: Option<std::path::PathBuf>,
+
+    /// Client certificate (PEM) for mTLS; needs --ca and --key.
+    #[arg(long, env = "FENCER_CERT", global = true, requires = "ca")]
+    pub(crate) cert: Option<std::path::PathBuf>,
+
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "FENCER_KEY", global = true, requires = "cert")]
+    pub(crate) key: Option<std::path::PathBuf>,
+
+    /// Verify the coordinators' certificates for this name instead of each
+    /// endpoint's host.
+    #[arg(long, env = "FENCER_TLS_SERVER_NAME", global = true, requires = "ca")]
+    pub(crate) tls_server_name: Option<String>,
+
+    /// A tenant's bearer token, sent with every call (prefer the env var or
+    /// --bearer-token-file: command lines are visible to other users).
+    #[arg(long, env = "FENCER_BEARER_TOKEN", hide_env_values = true, global = true)]
+    pub(crate) bearer_token: Option<String>,
+
+    /// Read the bearer token from this file (first line).
+    #[arg(long, env = "FENCER_BEARER_TOKEN_FILE", global = true, conflicts_with = "bearer_token")]
+    pub(crate) bearer_token_file: Option<std::path::PathBuf>,
 }
 
 impl ClientArgs {
+    /// TLS and the bearer token for the JSON endpoints (`fencer top`).
+    pub(crate) fn http_auth(&self) -> anyhow::Result<super::node_http::HttpAuth> {
+        use rustls_pki_types::pem::PemObject as _;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let read =
+            |p: &std::path::Path| std::fs::read(p).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()));
+        let certs = |p: &std::path::Path| -> anyhow::Result<Vec<CertificateDer<'static>>> {
+            Ok(CertificateDer::pem_slice_iter(&read(p)?).collect::<Result<Vec<_>, _>>()?)
+        };
+        let tls = match &self.ca {
+            None => None,
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in certs(ca)? {
+                    roots.add(c)?;
+                }
+                let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots);
+                Some(match (&self.cert, &self.key) {
+                    (Some(cert), Some(key)) => {
+                        builder.with_client_auth_cert(certs(cert)?, PrivateKeyDer::from_pem_slice(&read(key)?)?)?
+                    }
+                    _ => builder.with_no_client_auth(),
+                })
+            }
+        };
+        Ok(super::node_http::HttpAuth { tls, bearer: self.bearer_token()? })
+    }
+
+    fn bearer_token(&self) -> anyhow::Result<Option<String>> {
+        let token = match (&self.bearer_token, &self.bearer_token_file) {
+            (Some(t), _) => Some(t.trim().to_string()),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| anyhow::anyhow!("cannot read --bearer-token-file {}: {e}", path.display()))?;
+                Some(text.lines().next().unwrap_or_default().trim().to_string())
+            }
+            (None, None) => None,
+        };
+        Ok(token.filter(|t| !t.is_empty()))
+    }
+
     pub(crate) fn client(&self) -> anyhow::Result<Client> {
-        Ok(Client::new(self.endpoints.clone())?)
+        let mut client = Client::new(self.endpoints.clone())?;
+        if let Some(ca) = &self.ca {
+            let mut tls = fencer_client::ClientTls::from_files(ca, self.cert.as_deref(), self.key.as_deref())?;
+            tls.domain_name = self.tls_server_name.clone();
+            client = client.with_tls(&tls)?;
+        } else if self.cert.is_some() || self.key.is_some() {
+            anyhow::bail!("--cert and --key need --ca");
+        }
+        if let Some(t) = self.bearer_token()? {
+            client = client.with_bearer_token(&t)?;
+        }
+        Ok(client)
     }
 }
 

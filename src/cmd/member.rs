@@ -4,11 +4,9 @@
 
 use std::process::ExitCode;
 
-use fencer_client::{Client, NodeStatus, StatusResponse};
-use fencer_proto::v1::admin_client::AdminClient;
-use fencer_proto::v1::{AddLearnerRequest, ChangeMembershipRequest, MembershipResponse};
+use fencer_client::{Client, ClientError, NodeStatus, StatusResponse};
+use fencer_proto::v1::MembershipResponse;
 use serde_json::json;
-use tonic::transport::Endpoint;
 
 use super::lock::ClientArgs;
 use crate::exit;
@@ -78,8 +76,7 @@ pub(crate) async fn run(args: MemberArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(exit::UNAVAILABLE));
         }
     };
-    let channel = Endpoint::from_shared(format!("http://{}", leader.leader_addr))?.connect_lazy();
-    let mut admin = AdminClient::new(channel);
+    let at = leader.leader_addr.as_str();
     let current = voters(&leader.members);
     let result = match args.step {
         Step::AddLearner { id, addr } => {
@@ -87,7 +84,7 @@ pub(crate) async fn run(args: MemberArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("fencer: node {id} is already a member");
                 return Ok(ExitCode::from(exit::INVALID));
             }
-            admin.add_learner(AddLearnerRequest { node_id: id, addr }).await
+            client.add_learner(at, id, &addr).await
         }
         Step::Promote { id } => {
             match leader.members.iter().find(|m| m.id == id) {
@@ -103,7 +100,7 @@ pub(crate) async fn run(args: MemberArgs) -> anyhow::Result<ExitCode> {
             }
             let mut voters = current.clone();
             voters.push(id);
-            admin.change_membership(ChangeMembershipRequest { voters, retain: false }).await
+            client.change_membership(at, voters, false).await
         }
         Step::Remove { id } => {
             if !leader.members.iter().any(|m| m.id == id) {
@@ -115,24 +112,31 @@ pub(crate) async fn run(args: MemberArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("fencer: refusing to remove the last voter");
                 return Ok(ExitCode::from(exit::INVALID));
             }
-            admin.change_membership(ChangeMembershipRequest { voters, retain: false }).await
+            client.change_membership(at, voters, false).await
         }
     };
     match result {
         Ok(r) => {
-            show(output, &r.into_inner())?;
+            show(output, &r)?;
             Ok(ExitCode::SUCCESS)
         }
-        Err(status) => {
-            eprintln!("fencer: {}: {}", leader.leader_addr, status.message());
-            if output == OutputFormat::Json {
-                print_json(&json!({"error": {"code": format!("{:?}", status.code()), "message": status.message()}}))?;
-            }
-            let code = match status.code() {
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => exit::UNAVAILABLE,
-                tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => exit::INVALID,
+        Err(e) => {
+            eprintln!("fencer: {}: {e}", leader.leader_addr);
+            let code = match &e {
+                ClientError::Unavailable { .. } => exit::UNAVAILABLE,
+                ClientError::Refused {
+                    code: tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition, ..
+                } => exit::INVALID,
                 _ => exit::ERROR,
             };
+            if output == OutputFormat::Json {
+                let c = match &e {
+                    ClientError::Refused { code, .. } => format!("{code:?}"),
+                    ClientError::Unavailable { .. } => "Unavailable".into(),
+                    ClientError::Config(_) => "Config".into(),
+                };
+                print_json(&json!({"error": {"code": c, "message": e.to_string()}}))?;
+            }
             Ok(ExitCode::from(code))
         }
     }

@@ -57,10 +57,10 @@ pub(crate) struct TopArgs {
 /// The leader's address as the first answering endpoint knows it (or that
 /// endpoint itself when no leader is known): every node counts what it
 /// applies, but the leader's view is the freshest.
-async fn pick_node(endpoints: &[String]) -> anyhow::Result<String> {
+async fn pick_node(auth: &node_http::HttpAuth, endpoints: &[String]) -> anyhow::Result<String> {
     let mut last = None;
     for ep in endpoints {
-        match node_http::call(Method::GET, ep, "/v1/status", None, TIMEOUT).await {
+        match node_http::call_with(auth, Method::GET, ep, "/v1/status", None, TIMEOUT).await {
             Ok(status) => {
                 return Ok(status["leader_addr"].as_str().filter(|a| !a.is_empty()).unwrap_or(ep).to_string());
             }
@@ -71,12 +71,13 @@ async fn pick_node(endpoints: &[String]) -> anyhow::Result<String> {
 }
 
 async fn fetch(args: &TopArgs) -> anyhow::Result<HotResources> {
-    let node = pick_node(&args.client.endpoints).await?;
+    let auth = args.client.http_auth()?;
+    let node = pick_node(&auth, &args.client.endpoints).await?;
     let path = format!("/v1/admin/hot?by={}&limit={}", args.by.as_str(), args.limit);
-    let v = match node_http::call(Method::GET, &node, &path, None, TIMEOUT).await {
+    let v = match node_http::call_with(&auth, Method::GET, &node, &path, None, TIMEOUT).await {
         Ok(v) => v,
         // The leader moved or is unreachable: any node will do.
-        Err(_) => node_http::call(Method::GET, &args.client.endpoints[0], &path, None, TIMEOUT).await?,
+        Err(_) => node_http::call_with(&auth, Method::GET, &args.client.endpoints[0], &path, None, TIMEOUT).await?,
     };
     Ok(serde_json::from_value(v)?)
 }

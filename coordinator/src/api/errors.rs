@@ -26,6 +26,9 @@ pub fn grpc_code(e: &LockError) -> Code {
         | LockError::LeaderChanged
         | LockError::ShuttingDown => Code::Unavailable,
         LockError::Internal(_) => Code::Internal,
+        LockError::Unauthenticated(_) => Code::Unauthenticated,
+        LockError::PermissionDenied { .. } => Code::PermissionDenied,
+        LockError::TenantLimit { .. } => Code::ResourceExhausted,
     }
 }
 
@@ -43,6 +46,9 @@ pub fn http_status(e: &LockError) -> u16 {
         | LockError::LeaderChanged
         | LockError::ShuttingDown => 503,
         LockError::Internal(_) => 500,
+        LockError::Unauthenticated(_) => 401,
+        LockError::PermissionDenied { .. } => 403,
+        LockError::TenantLimit { .. } => 429,
     }
 }
 
@@ -67,6 +73,18 @@ pub(crate) fn metadata(e: &LockError) -> HashMap<String, String> {
         }
         LockError::Invalid(f) => {
             m.insert("field".into(), f.field().into());
+        }
+        LockError::PermissionDenied { tenant, permission, resource } => {
+            m.insert("tenant".into(), tenant.clone());
+            m.insert("permission".into(), (*permission).into());
+            m.insert("resource".into(), resource.clone());
+        }
+        LockError::TenantLimit { tenant, limit, value } => {
+            if !tenant.is_empty() {
+                m.insert("tenant".into(), tenant.clone());
+            }
+            m.insert("limit".into(), (*limit).into());
+            m.insert("value".into(), value.to_string());
         }
         _ => {}
     }

@@ -13,13 +13,36 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
 use super::errors::to_status;
+use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::service::{self, LockError, LockService, LockView, StatusView};
+use crate::tenants::{Authenticator, Caller, Permission};
+use crate::tls::ConnInfo;
 
 /// `fencer.v1.Lock`.
 pub(crate) struct LockApi {
     pub(crate) svc: LockService,
     pub(crate) metrics: Arc<Metrics>,
+    pub(crate) auth: Authenticator,
+}
+
+/// The caller of a gRPC request: its connection's verified client
+/// certificate (set by the accept loop, never by the client) and its
+/// `authorization` metadata.
+fn caller<T>(auth: &Authenticator, request: &Request<T>) -> Result<Caller, LockError> {
+    let conn = request.extensions().get::<ConnInfo>().cloned().unwrap_or_default();
+    let authorization = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
+    auth.caller(&conn, authorization)
+}
+
+/// Names the tenant in a limit refusal the state machine reported.
+pub(crate) fn with_tenant(e: LockError, caller: &Caller) -> LockError {
+    match e {
+        LockError::TenantLimit { tenant, limit, value } if tenant.is_empty() => {
+            LockError::TenantLimit { tenant: caller.name().to_string(), limit, value }
+        }
+        other => other,
+    }
 }
 
 /// The metric `op` of an Acquire: one that may queue is measured apart,
@@ -84,16 +107,24 @@ pub(crate) fn view_to_proto(v: LockView) -> GetLockResponse {
 #[tonic::async_trait]
 impl Lock for LockApi {
     async fn acquire(&self, request: Request<AcquireRequest>) -> Result<Response<AcquireResponse>, Status> {
+        let who = caller(&self.auth, &request);
         let r = request.into_inner();
         let (op, resource) = (acquire_op(r.wait_timeout_ms), r.resource.clone());
-        let req = service::AcquireRequest {
-            resource: r.resource,
-            request_id: r.request_id,
-            ttl_ms: r.ttl_ms,
-            wait_timeout_ms: r.wait_timeout_ms,
-            holder: r.holder,
+        let call = async {
+            let who = who?;
+            who.check(Permission::Acquire, &r.resource)?;
+            who.charge_request(&Clock)?;
+            let req = service::AcquireRequest {
+                resource: r.resource,
+                request_id: r.request_id,
+                ttl_ms: r.ttl_ms,
+                wait_timeout_ms: r.wait_timeout_ms,
+                holder: r.holder,
+                quota: who.quota(),
+            };
+            self.svc.acquire(req).await.map_err(|e| with_tenant(e, &who))
         };
-        let g = observed(&self.metrics, op, &resource, self.svc.acquire(req)).await.map_err(|e| to_status(&e))?;
+        let g = observed(&self.metrics, op, &resource, call).await.map_err(|e| to_status(&e))?;
         Ok(Response::new(AcquireResponse {
             lease_id: g.grant.lease_id.to_string(),
             fencing_token: g.grant.token.0,
@@ -106,10 +137,15 @@ impl Lock for LockApi {
     }
 
     async fn renew(&self, request: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
+        let who = caller(&self.auth, &request);
         let r = request.into_inner();
-        let ok = observed(&self.metrics, "renew", &r.resource, self.svc.renew(&r.resource, &r.lease_id))
-            .await
-            .map_err(|e| to_status(&e))?;
+        // A lease id works only with its own resource, so checking the
+        // resource named here makes another tenant's lease id useless.
+        let call = async {
+            who?.check(Permission::Acquire, &r.resource)?;
+            self.svc.renew(&r.resource, &r.lease_id).await
+        };
+        let ok = observed(&self.metrics, "renew", &r.resource, call).await.map_err(|e| to_status(&e))?;
         Ok(Response::new(RenewResponse {
             ttl_ms: ok.ttl_ms,
             expires_at_unix_ms: ok.expires_at_unix_ms,
@@ -118,26 +154,38 @@ impl Lock for LockApi {
     }
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
+        let who = caller(&self.auth, &request);
         let r = request.into_inner();
-        let ok = observed(&self.metrics, "release", &r.resource, self.svc.release(&r.resource, &r.lease_id))
-            .await
-            .map_err(|e| to_status(&e))?;
+        let call = async {
+            who?.check(Permission::Acquire, &r.resource)?;
+            self.svc.release(&r.resource, &r.lease_id).await
+        };
+        let ok = observed(&self.metrics, "release", &r.resource, call).await.map_err(|e| to_status(&e))?;
         Ok(Response::new(ReleaseResponse { released: ok.released, was_holder: ok.was_holder }))
     }
 
     async fn get_lock(&self, request: Request<GetLockRequest>) -> Result<Response<GetLockResponse>, Status> {
+        let who = caller(&self.auth, &request);
         let r = request.into_inner();
-        let v =
-            observed(&self.metrics, "get", &r.resource, self.svc.get(&r.resource)).await.map_err(|e| to_status(&e))?;
+        let call = async {
+            let who = who?;
+            who.check(Permission::Read, &r.resource)?;
+            who.charge_request(&Clock)?;
+            self.svc.get(&r.resource).await
+        };
+        let v = observed(&self.metrics, "get", &r.resource, call).await.map_err(|e| to_status(&e))?;
         Ok(Response::new(view_to_proto(v)))
     }
 
     async fn list_locks(&self, request: Request<ListLocksRequest>) -> Result<Response<ListLocksResponse>, Status> {
+        let who = caller(&self.auth, &request);
         let r = request.into_inner();
-        let (views, next) =
-            observed(&self.metrics, "list", &r.prefix, self.svc.list(&r.prefix, r.page_size, &r.page_token))
-                .await
-                .map_err(|e| to_status(&e))?;
+        let call = async {
+            let who = who?;
+            who.charge_request(&Clock)?;
+            self.svc.list_where(&r.prefix, r.page_size, &r.page_token, |name| who.may(Permission::Read, name)).await
+        };
+        let (views, next) = observed(&self.metrics, "list", &r.prefix, call).await.map_err(|e| to_status(&e))?;
         Ok(Response::new(ListLocksResponse {
             locks: views.into_iter().map(view_to_proto).collect(),
             next_page_token: next,
@@ -149,6 +197,7 @@ impl Lock for LockApi {
 pub(crate) struct AdminApi {
     pub(crate) svc: LockService,
     pub(crate) metrics: Arc<Metrics>,
+    pub(crate) auth: Authenticator,
 }
 
 pub(crate) fn status_to_proto(s: StatusView) -> StatusResponse {
@@ -195,7 +244,9 @@ impl AdminApi {
 
 #[tonic::async_trait]
 impl Admin for AdminApi {
-    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+    async fn status(&self, request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        // Any authenticated caller: the status names members, not resources.
+        caller(&self.auth, &request).map_err(|e| to_status(&e))?;
         Ok(Response::new(status_to_proto(self.svc.status())))
     }
 
@@ -203,10 +254,14 @@ impl Admin for AdminApi {
         &self,
         request: Request<ForceReleaseRequest>,
     ) -> Result<Response<ForceReleaseResponse>, Status> {
+        let who = caller(&self.auth, &request);
         let r = request.into_inner();
         let ok = observed(&self.metrics, "force_release", &r.resource, async {
-            tracing::warn!(caller = %r.caller, reason = %r.reason, "force-release requested");
-            self.svc.force_release(&r.resource, &r.caller, &r.reason).await
+            let who = who?;
+            who.check(Permission::Admin, &r.resource)?;
+            let audit_caller = who.audit_caller(&r.caller);
+            tracing::warn!(caller = %audit_caller, reason = %r.reason, "force-release requested");
+            self.svc.force_release(&r.resource, &audit_caller, &r.reason).await
         })
         .await
         .map_err(|e| to_status(&e))?;
@@ -218,6 +273,7 @@ impl Admin for AdminApi {
     }
 
     async fn add_learner(&self, request: Request<AddLearnerRequest>) -> Result<Response<MembershipResponse>, Status> {
+        caller(&self.auth, &request).and_then(|c| c.check_cluster_admin()).map_err(|e| to_status(&e))?;
         let r = request.into_inner();
         let index = self.svc.add_learner(r.node_id, r.addr).await.map_err(|e| to_status(&e))?;
         Ok(Response::new(MembershipResponse { log_index: index, members: self.members() }))
@@ -227,6 +283,7 @@ impl Admin for AdminApi {
         &self,
         request: Request<ChangeMembershipRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
+        caller(&self.auth, &request).and_then(|c| c.check_cluster_admin()).map_err(|e| to_status(&e))?;
         let r = request.into_inner();
         let index = self.svc.change_membership(r.voters, r.retain).await.map_err(|e| to_status(&e))?;
         Ok(Response::new(MembershipResponse { log_index: index, members: self.members() }))

@@ -32,8 +32,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::errors::{grpc_code, http_status, metadata};
-use super::grpc::{acquire_op, observed};
+use super::grpc::{acquire_op, observed, with_tenant};
+use crate::clock::Clock;
 use crate::hot::HotOrder;
+use crate::tenants::{Authenticator, Caller, Permission};
+use crate::tls::ConnInfo;
 
 /// Resources listed by `/v1/admin/hot` when no `limit` is given.
 const DEFAULT_HOT_LIMIT: usize = 20;
@@ -44,10 +47,28 @@ use crate::service::{self, LockError, LockService, LockView};
 struct HttpState {
     svc: LockService,
     metrics: Arc<Metrics>,
+    auth: Authenticator,
+}
+
+/// The caller of an HTTP request (or why it has none): the connection's
+/// verified client certificate and the `Authorization` header.
+struct Who(Result<Caller, LockError>);
+
+impl axum::extract::FromRequestParts<HttpState> for Who {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        s: &HttpState,
+    ) -> Result<Self, Self::Rejection> {
+        let conn = parts.extensions.get::<ConnInfo>().cloned().unwrap_or_default();
+        let authorization = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        Ok(Who(s.auth.caller(&conn, authorization)))
+    }
 }
 
 /// The JSON lock API and the status routes.
-pub(crate) fn router(svc: LockService, metrics: Arc<Metrics>) -> Router {
+pub(crate) fn router(svc: LockService, metrics: Arc<Metrics>, auth: Authenticator) -> Router {
     Router::new()
         .route("/v1/acquire", post(acquire))
         .route("/v1/renew", post(renew))
@@ -55,13 +76,16 @@ pub(crate) fn router(svc: LockService, metrics: Arc<Metrics>) -> Router {
         .route("/v1/locks", get(list))
         .route("/v1/locks/{*resource}", get(get_lock))
         .route("/v1/admin/force-release", post(force_release))
-        .with_state(HttpState { svc: svc.clone(), metrics: metrics.clone() })
-        .merge(status_router(svc, metrics))
+        .with_state(HttpState { svc: svc.clone(), metrics: metrics.clone(), auth: auth.clone() })
+        .merge(status_router(svc, metrics, auth))
 }
 
 /// Metrics, health, status and the operator endpoints: what the status
 /// port serves (and the main port too).
-pub(crate) fn status_router(svc: LockService, metrics: Arc<Metrics>) -> Router {
+/// With tenants, the operator endpoints (hot resources, log level) need
+/// `admin` on the empty prefix; metrics, health and status stay open (they
+/// name no resource).
+pub(crate) fn status_router(svc: LockService, metrics: Arc<Metrics>, auth: Authenticator) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/admin/hot", get(hot))
@@ -70,7 +94,7 @@ pub(crate) fn status_router(svc: LockService, metrics: Arc<Metrics>) -> Router {
         .route("/metrics", get(metrics_text))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
-        .with_state(HttpState { svc, metrics })
+        .with_state(HttpState { svc, metrics, auth })
 }
 
 fn error_response(e: &LockError) -> Response {
@@ -112,16 +136,23 @@ struct AcquireBody {
     holder: String,
 }
 
-async fn acquire(State(s): State<HttpState>, Json(b): Json<AcquireBody>) -> Response {
+async fn acquire(State(s): State<HttpState>, Who(who): Who, Json(b): Json<AcquireBody>) -> Response {
     let (op, resource) = (acquire_op(b.wait_timeout_ms), b.resource.clone());
-    let req = service::AcquireRequest {
-        resource: b.resource,
-        request_id: b.request_id,
-        ttl_ms: b.ttl_ms,
-        wait_timeout_ms: b.wait_timeout_ms,
-        holder: b.holder,
+    let call = async {
+        let who = who?;
+        who.check(Permission::Acquire, &b.resource)?;
+        who.charge_request(&Clock)?;
+        let req = service::AcquireRequest {
+            resource: b.resource,
+            request_id: b.request_id,
+            ttl_ms: b.ttl_ms,
+            wait_timeout_ms: b.wait_timeout_ms,
+            holder: b.holder,
+            quota: who.quota(),
+        };
+        s.svc.acquire(req).await.map_err(|e| with_tenant(e, &who))
     };
-    reply(observed(&s.metrics, op, &resource, s.svc.acquire(req)).await.map(|g| {
+    reply(observed(&s.metrics, op, &resource, call).await.map(|g| {
         json!({
             "resource": g.grant.resource.as_str(),
             "lease_id": g.grant.lease_id.to_string(),
@@ -140,17 +171,25 @@ struct LeaseBody {
     lease_id: String,
 }
 
-async fn renew(State(s): State<HttpState>, Json(b): Json<LeaseBody>) -> Response {
+async fn renew(State(s): State<HttpState>, Who(who): Who, Json(b): Json<LeaseBody>) -> Response {
+    let call = async {
+        who?.check(Permission::Acquire, &b.resource)?;
+        s.svc.renew(&b.resource, &b.lease_id).await
+    };
     reply(
-        observed(&s.metrics, "renew", &b.resource, s.svc.renew(&b.resource, &b.lease_id)).await.map(
+        observed(&s.metrics, "renew", &b.resource, call).await.map(
             |r| json!({ "fencing_token": r.token.0, "ttl_ms": r.ttl_ms, "expires_at_unix_ms": r.expires_at_unix_ms }),
         ),
     )
 }
 
-async fn release(State(s): State<HttpState>, Json(b): Json<LeaseBody>) -> Response {
+async fn release(State(s): State<HttpState>, Who(who): Who, Json(b): Json<LeaseBody>) -> Response {
+    let call = async {
+        who?.check(Permission::Acquire, &b.resource)?;
+        s.svc.release(&b.resource, &b.lease_id).await
+    };
     reply(
-        observed(&s.metrics, "release", &b.resource, s.svc.release(&b.resource, &b.lease_id))
+        observed(&s.metrics, "release", &b.resource, call)
             .await
             .map(|r| json!({ "released": r.released, "was_holder": r.was_holder })),
     )
@@ -168,8 +207,14 @@ pub(crate) fn view_json(v: &LockView) -> Value {
     })
 }
 
-async fn get_lock(State(s): State<HttpState>, Path(resource): Path<String>) -> Response {
-    reply(observed(&s.metrics, "get", &resource, s.svc.get(&resource)).await.map(|v| view_json(&v)))
+async fn get_lock(State(s): State<HttpState>, Who(who): Who, Path(resource): Path<String>) -> Response {
+    let call = async {
+        let who = who?;
+        who.check(Permission::Read, &resource)?;
+        who.charge_request(&Clock)?;
+        s.svc.get(&resource).await
+    };
+    reply(observed(&s.metrics, "get", &resource, call).await.map(|v| view_json(&v)))
 }
 
 #[derive(Deserialize)]
@@ -182,8 +227,13 @@ struct ListQuery {
     page_token: String,
 }
 
-async fn list(State(s): State<HttpState>, Query(q): Query<ListQuery>) -> Response {
-    reply(observed(&s.metrics, "list", &q.prefix, s.svc.list(&q.prefix, q.page_size, &q.page_token)).await.map(
+async fn list(State(s): State<HttpState>, Who(who): Who, Query(q): Query<ListQuery>) -> Response {
+    let call = async {
+        let who = who?;
+        who.charge_request(&Clock)?;
+        s.svc.list_where(&q.prefix, q.page_size, &q.page_token, |name| who.may(Permission::Read, name)).await
+    };
+    reply(observed(&s.metrics, "list", &q.prefix, call).await.map(
         |(views, next)| json!({ "locks": views.iter().map(view_json).collect::<Vec<_>>(), "next_page_token": next }),
     ))
 }
@@ -201,10 +251,13 @@ struct ForceBody {
     reason: String,
 }
 
-async fn force_release(State(s): State<HttpState>, Json(b): Json<ForceBody>) -> Response {
+async fn force_release(State(s): State<HttpState>, Who(who): Who, Json(b): Json<ForceBody>) -> Response {
     let call = async {
-        tracing::warn!(caller = %b.caller, reason = %b.reason, "force-release requested over HTTP");
-        s.svc.force_release(&b.resource, &b.caller, &b.reason).await
+        let who = who?;
+        who.check(Permission::Admin, &b.resource)?;
+        let audit_caller = who.audit_caller(&b.caller);
+        tracing::warn!(caller = %audit_caller, reason = %b.reason, "force-release requested over HTTP");
+        s.svc.force_release(&b.resource, &audit_caller, &b.reason).await
     };
     reply(observed(&s.metrics, "force_release", &b.resource, call).await.map(|r| {
         json!({
@@ -244,7 +297,10 @@ struct HotQuery {
 }
 
 /// The busiest resources (module `hot`).
-async fn hot(State(s): State<HttpState>, Query(q): Query<HotQuery>) -> Response {
+async fn hot(State(s): State<HttpState>, Who(who): Who, Query(q): Query<HotQuery>) -> Response {
+    if let Err(e) = who.and_then(|c| c.check_cluster_admin()) {
+        return error_response(&e);
+    }
     let limit = q.limit.unwrap_or(DEFAULT_HOT_LIMIT);
     let max = s.svc.hot_capacity().max(1);
     if limit == 0 || limit > max {
@@ -268,7 +324,10 @@ fn no_log_control() -> Response {
     (StatusCode::NOT_IMPLEMENTED, Json(body)).into_response()
 }
 
-async fn get_log_level(State(s): State<HttpState>) -> Response {
+async fn get_log_level(State(s): State<HttpState>, Who(who): Who) -> Response {
+    if let Err(e) = who.and_then(|c| c.check_cluster_admin()) {
+        return error_response(&e);
+    }
     match s.svc.log_control() {
         Some(c) => Json(json!({ "filter": c.current() })).into_response(),
         None => no_log_control(),
@@ -277,7 +336,10 @@ async fn get_log_level(State(s): State<HttpState>) -> Response {
 
 /// Replaces the log filter; a filter that does not parse answers 400 and
 /// the old one stays.
-async fn set_log_level(State(s): State<HttpState>, Json(b): Json<LogLevelBody>) -> Response {
+async fn set_log_level(State(s): State<HttpState>, Who(who): Who, Json(b): Json<LogLevelBody>) -> Response {
+    if let Err(e) = who.and_then(|c| c.check_cluster_admin()) {
+        return error_response(&e);
+    }
     let Some(c) = s.svc.log_control() else { return no_log_control() };
     let previous = c.current();
     match c.set(&b.filter) {

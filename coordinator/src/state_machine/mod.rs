@@ -100,13 +100,67 @@ pub enum Command {
         /// Wall-clock cut-off, milliseconds since the Unix epoch.
         older_than_ms: u64,
     },
+    /// An Acquire counted against a tenant's quota (docs/security.md,
+    /// "Tenants"): as [`Command::Acquire`], but refused with
+    /// [`Rejection::TenantLimit`] when granting would hold more than
+    /// `quota.max_active_locks` locks, or queueing would park more than
+    /// `quota.max_waiters` waiters, under `quota.prefix`. Counted from the
+    /// state at apply, so the limits are exact on every node.
+    AcquireInQuota {
+        /// The caller's id for this attempt (I7).
+        request_id: RequestId,
+        /// The lock.
+        resource: ResourceName,
+        /// Who asks, for humans.
+        holder: Holder,
+        /// Lease length.
+        ttl_ms: u64,
+        /// Queue when the lock is held instead of failing with LOCK_HELD.
+        wait: bool,
+        /// The lease id this request gets if granted, chosen by the leader.
+        lease_id: LeaseId,
+        /// The queue limit for this resource, from the leader's policy.
+        max_waiters: u32,
+        /// The tenant's limits, from the leader's tenants file.
+        quota: Quota,
+    },
+}
+
+/// A tenant's limits as carried in an [`Command::AcquireInQuota`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quota {
+    /// The tenant's namespace: every resource starting with it counts.
+    pub prefix: String,
+    /// Held locks under the prefix, at most.
+    pub max_active_locks: Option<u64>,
+    /// Queued requests under the prefix, at most.
+    pub max_waiters: Option<u64>,
+}
+
+/// Which tenant limit refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum QuotaLimit {
+    /// `max_active_locks`.
+    ActiveLocks,
+    /// `max_waiters`.
+    Waiters,
+}
+
+impl QuotaLimit {
+    /// The limit's name in the tenants file and in errors.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ActiveLocks => "max_active_locks",
+            Self::Waiters => "max_waiters",
+        }
+    }
 }
 
 impl Command {
     /// Short name for logs and metrics.
     pub fn name(&self) -> &'static str {
         match self {
-            Self::Acquire { .. } => "acquire",
+            Self::Acquire { .. } | Self::AcquireInQuota { .. } => "acquire",
             Self::Renew { .. } => "renew",
             Self::Release { .. } => "release",
             Self::Expire { .. } => "expire",
@@ -120,6 +174,7 @@ impl Command {
     pub fn resource(&self) -> Option<&ResourceName> {
         match self {
             Self::Acquire { resource, .. }
+            | Self::AcquireInQuota { resource, .. }
             | Self::Renew { resource, .. }
             | Self::Release { resource, .. }
             | Self::Expire { resource, .. }
@@ -168,6 +223,14 @@ pub enum Rejection {
     RequestIdReused,
     /// The request waited and its wait was cancelled before it was granted.
     WaitCancelled,
+    /// A tenant limit: nothing changed, and nothing was recorded for the
+    /// request id (a retry is judged afresh).
+    TenantLimit {
+        /// Which limit.
+        limit: QuotaLimit,
+        /// Its value.
+        value: u64,
+    },
 }
 
 /// What happened to a queued request when its wait was cancelled.
@@ -242,6 +305,7 @@ impl Outcome {
             Self::Rejected(Rejection::LeaseExpired) => "rejected: lease expired",
             Self::Rejected(Rejection::RequestIdReused) => "rejected: request id reused",
             Self::Rejected(Rejection::WaitCancelled) => "rejected: wait cancelled",
+            Self::Rejected(Rejection::TenantLimit { .. }) => "rejected: tenant limit",
             Self::Renewed { .. } => "renewed",
             Self::Released { was_holder: true } => "released",
             Self::Released { was_holder: false } => "already released",
@@ -606,6 +670,23 @@ impl LockState {
                 *max_waiters,
                 &mut events,
             ),
+            Command::AcquireInQuota { request_id, resource, holder, ttl_ms, wait, lease_id, max_waiters, quota } => {
+                match self.over_quota(request_id, resource, *wait, quota) {
+                    Some((limit, value)) => Outcome::Rejected(Rejection::TenantLimit { limit, value }),
+                    None => self.acquire(
+                        index,
+                        at_ms,
+                        request_id,
+                        resource,
+                        holder,
+                        *ttl_ms,
+                        *wait,
+                        *lease_id,
+                        *max_waiters,
+                        &mut events,
+                    ),
+                }
+            }
             Command::Renew { resource, lease_id } => self.renew(index, resource, lease_id, &mut events),
             Command::Release { resource, lease_id } => self.release(index, at_ms, resource, lease_id, &mut events),
             Command::Expire { resource, lease_id, basis_index } => {
@@ -628,6 +709,63 @@ impl LockState {
             Command::PruneDedup { older_than_ms } => self.prune(*older_than_ms),
         };
         Applied { outcome, events }
+    }
+
+    /// The tenant limit an Acquire would break, if any. A retried request
+    /// id is never refused here: its recorded outcome stands (I7).
+    fn over_quota(
+        &self,
+        request_id: &RequestId,
+        resource: &ResourceName,
+        wait: bool,
+        quota: &Quota,
+    ) -> Option<(QuotaLimit, u64)> {
+        if self.dedup.contains_key(request_id) {
+            return None;
+        }
+        let prefix = quota.prefix.as_str();
+        match self.current_lock(resource) {
+            None => {
+                let max = quota.max_active_locks?;
+                let held = if prefix.is_empty() {
+                    self.lock_count
+                } else {
+                    self.count_under(prefix, max, |r| u64::from(r.lock.is_some()))
+                };
+                (held >= max).then_some((QuotaLimit::ActiveLocks, max))
+            }
+            Some(_) if wait => {
+                let max = quota.max_waiters?;
+                let queued = if prefix.is_empty() {
+                    self.waiter_count
+                } else {
+                    self.count_under(prefix, max, |r| r.waiters.len() as u64)
+                };
+                (queued >= max).then_some((QuotaLimit::Waiters, max))
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Sums `count` over the resources under `prefix`, stopping once the sum
+    /// reaches `stop_at` (so a check costs at most the limit's worth of entries).
+    fn count_under(&self, prefix: &str, stop_at: u64, count: impl Fn(&ResourceState) -> u64) -> u64 {
+        let mut n = 0u64;
+        for (_, r) in self.resources_under(prefix) {
+            n += count(r);
+            if n >= stop_at {
+                break;
+            }
+        }
+        n
+    }
+
+    /// Resources whose name starts with `prefix`, in name order.
+    fn resources_under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a ResourceName, &'a ResourceState)> {
+        use std::ops::Bound;
+        self.resources
+            .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(move |(n, _)| n.as_str().starts_with(prefix))
     }
 
     fn current_lock(&self, resource: &ResourceName) -> Option<&LockRecord> {

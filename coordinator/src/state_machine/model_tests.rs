@@ -147,6 +147,33 @@ impl Model {
                 }
                 Outcome::ForceReleased { released_token: token }
             }
+            Command::AcquireInQuota { request_id, resource, holder, ttl_ms, wait, lease_id, max_waiters, quota } => {
+                if !self.dedup.contains_key(request_id.as_str()) {
+                    let under = |name: &String| name.starts_with(&quota.prefix);
+                    let held = self.holders.keys().filter(|r| under(r)).count() as u64;
+                    let queued = self.queues.iter().filter(|(r, _)| under(r)).map(|(_, q)| q.len() as u64).sum::<u64>();
+                    let free = !self.holders.contains_key(resource.as_str());
+                    if let Some(max) = quota.max_active_locks.filter(|m| free && held >= *m) {
+                        return Outcome::Rejected(Rejection::TenantLimit {
+                            limit: QuotaLimit::ActiveLocks,
+                            value: max,
+                        });
+                    }
+                    if let Some(max) = quota.max_waiters.filter(|m| !free && *wait && queued >= *m) {
+                        return Outcome::Rejected(Rejection::TenantLimit { limit: QuotaLimit::Waiters, value: max });
+                    }
+                }
+                let plain = Command::Acquire {
+                    request_id: request_id.clone(),
+                    resource: resource.clone(),
+                    holder: holder.clone(),
+                    ttl_ms: *ttl_ms,
+                    wait: *wait,
+                    lease_id: *lease_id,
+                    max_waiters: *max_waiters,
+                };
+                self.step(index, &plain)
+            }
             Command::PruneDedup { .. } => unreachable!("not generated for the model"),
         }
     }
@@ -181,6 +208,7 @@ impl Model {
 #[derive(Debug, Clone)]
 enum Op {
     Acquire { req: u8, res: u8, wait: bool },
+    AcquireInQuota { req: u8, res: u8, wait: bool, max_locks: u8, max_waiters: u8 },
     Renew { res: u8, pick: u8 },
     Release { res: u8, pick: u8 },
     Expire { res: u8, pick: u8, stale_basis: bool },
@@ -191,6 +219,9 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0u8..8, 0u8..3, any::<bool>()).prop_map(|(req, res, wait)| Op::Acquire { req, res, wait }),
+        2 => (0u8..8, 0u8..3, any::<bool>(), 1u8..3, 1u8..3).prop_map(|(req, res, wait, max_locks, max_waiters)| {
+            Op::AcquireInQuota { req, res, wait, max_locks, max_waiters }
+        }),
         2 => (0u8..3, any::<u8>()).prop_map(|(res, pick)| Op::Renew { res, pick }),
         3 => (0u8..3, any::<u8>()).prop_map(|(res, pick)| Op::Release { res, pick }),
         2 => (0u8..3, any::<u8>(), any::<bool>()).prop_map(|(res, pick, stale_basis)| Op::Expire { res, pick, stale_basis }),
@@ -228,6 +259,21 @@ fn resolve(op: &Op, sm: &LockState, issued: &[LeaseId], index: u64) -> Command {
             // Lease ids derive from the index: unique, like the leader's CSPRNG draws.
             lease_id: LeaseId::from_u128(u128::from(index) << 64 | 0xabc),
             max_waiters: 3,
+        },
+        Op::AcquireInQuota { req: r, res: s, wait, max_locks, max_waiters } => Command::AcquireInQuota {
+            request_id: req(r),
+            resource: res(s),
+            holder: Holder::new(format!("h{r}")).unwrap(),
+            ttl_ms: 5000,
+            wait,
+            lease_id: LeaseId::from_u128(u128::from(index) << 64 | 0xabc),
+            max_waiters: 3,
+            // Every generated resource is under "res/": the limits bite.
+            quota: Quota {
+                prefix: "res/".into(),
+                max_active_locks: Some(u64::from(max_locks)),
+                max_waiters: Some(u64::from(max_waiters)),
+            },
         },
         Op::Renew { res: s, pick } => Command::Renew { resource: res(s), lease_id: lease(s, pick) },
         Op::Release { res: s, pick } => Command::Release { resource: res(s), lease_id: lease(s, pick) },

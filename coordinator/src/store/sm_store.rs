@@ -590,7 +590,10 @@ fn apply_in_memory(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<(V
                         op = cmd.cmd.name(),
                         resource = cmd.cmd.resource().map(|r| r.as_str()),
                         request_id = match &cmd.cmd {
-                            crate::state_machine::Command::Acquire { request_id, .. } => Some(request_id.as_str()),
+                            crate::state_machine::Command::Acquire { request_id, .. }
+                            | crate::state_machine::Command::AcquireInQuota { request_id, .. } => {
+                                Some(request_id.as_str())
+                            }
                             _ => None,
                         },
                         outcome = applied.outcome.name(),
