@@ -91,7 +91,8 @@ pub use self::service::{
 };
 pub use self::state_machine::{
     Applied, CancelOutcome, Changes, Command, DedupOutcome, DedupRecord, EndReason, EndedLease, Event, Grant,
-    LockRecord, LockState, LogCommand, Outcome, Rejection, ResourceHash, ResourceState, Waiter,
+    KeyChange, KeyRefusal, LockRecord, LockState, LogCommand, Outcome, Rejection, ResourceHash, ResourceState,
+    SigningKeyRecord, Waiter, current_signing_key,
 };
 pub use self::store::{
     ApplyObserver, LOG_FILE, LogReader, LogStore, NoObserver, SNAPSHOT_DIR, STATE_FILE, StateMachineStore,

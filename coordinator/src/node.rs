@@ -232,6 +232,7 @@ impl ApplyObserver for NodeObserver {
                 }
                 Event::WaiterCancelled { request_id, .. } => self.parked.cancelled(request_id),
                 Event::WaiterQueued { .. } => {}
+                Event::SigningKeyRegistered { .. } | Event::SigningKeyRetired { .. } => {}
                 Event::DedupHit { .. } => {
                     self.metrics.dedup_hits.inc();
                 }
