@@ -256,13 +256,20 @@ pub(crate) struct RaftService {
     raft: RaftHandle,
     node_id: NodeId,
     cluster_id: Arc<ClusterId>,
+    /// For members' signing-key registrations (module `signing`).
+    svc: crate::service::LockService,
 }
 
 impl RaftService {
     /// Serves raft messages for `raft`, refusing other clusters' messages
     /// and every message while this node has not joined a cluster yet.
-    pub(crate) fn new(raft: RaftHandle, node_id: NodeId, cluster_id: Arc<ClusterId>) -> Self {
-        Self { raft, node_id, cluster_id }
+    pub(crate) fn new(
+        raft: RaftHandle,
+        node_id: NodeId,
+        cluster_id: Arc<ClusterId>,
+        svc: crate::service::LockService,
+    ) -> Self {
+        Self { raft, node_id, cluster_id, svc }
     }
 
     fn check(&self, cluster_id: &str, from: NodeId) -> Result<(), Status> {
@@ -335,6 +342,27 @@ impl RaftRpc for RaftService {
         };
         let snapshot = Snapshot { meta, snapshot: Cursor::new(data) };
         self.reply(self.raft.install_full_snapshot(vote, snapshot).await.map_err(|e| e.to_string()))
+    }
+
+    /// A member registers its own signing key with this leader: `from` is
+    /// the node that keeps the secret, and must be a member.
+    async fn register_signing_key(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let p = request.into_inner();
+        self.check(&p.cluster_id, p.from)?;
+        let reg: crate::signing::KeyRegistration = decode(&p.data, "register_signing_key").map_err(bad_payload)?;
+        if !self.svc.is_member(p.from) {
+            return Err(Status::permission_denied(format!("node {} is not a member of this cluster", p.from)));
+        }
+        if self.raft.as_leader().is_err() {
+            return self
+                .reply::<crate::state_machine::KeyChange>(Err(format!("node {} is not the leader", self.node_id)));
+        }
+        let result = self
+            .svc
+            .propose_registration(p.from, reg.kid, reg.public_key, reg.not_before_unix_ms)
+            .await
+            .map_err(|e| e.to_string());
+        self.reply(result)
     }
 
     async fn hello(&self, request: Request<HelloRequest>) -> Result<Response<HelloResponse>, Status> {
