@@ -359,7 +359,7 @@ impl RaftRpc for RaftService {
         }
         let result = self
             .svc
-            .propose_registration(p.from, reg.kid, reg.public_key, reg.not_before_unix_ms)
+            .registration_outcome(p.from, reg.kid, reg.public_key, reg.not_before_unix_ms)
             .await
             .map_err(|e| e.to_string());
         self.reply(result)

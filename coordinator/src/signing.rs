@@ -86,6 +86,9 @@ pub(crate) struct NodeKeys {
     node_id: NodeId,
     dir: PathBuf,
     keys: RwLock<BTreeMap<KeyId, LocalKey>>,
+    /// Local keys whose registration the cluster refused (e.g. the registry
+    /// is full): no longer pending, so grants do not wait for them.
+    refused: std::sync::Mutex<std::collections::BTreeSet<KeyId>>,
     /// Bumped when the registry or the local keys change; grants waiting for
     /// a registration watch it.
     changed: watch::Sender<u64>,
@@ -122,7 +125,7 @@ impl NodeKeys {
             keys.insert(kid, LocalKey { signer: file.signer().clone(), not_before_unix_ms: file.not_before_unix_ms() });
         }
         let (changed, _) = watch::channel(0);
-        let this = Self { node_id, dir, keys: RwLock::new(keys), changed };
+        let this = Self { node_id, dir, keys: RwLock::new(keys), refused: Default::default(), changed };
         if this.read().is_empty() {
             let entry = this.generate(now_ms, now_ms, |_| false)?;
             tracing::info!(kid = %entry.0, "made this node's first token-signing key");
@@ -163,9 +166,10 @@ impl NodeKeys {
 
     /// Local keys the registry does not hold yet: (id, public key, not-before).
     pub(crate) fn unregistered(&self, registry: &BTreeMap<KeyId, SigningKeyRecord>) -> Vec<(KeyId, [u8; 32], u64)> {
+        let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
         self.read()
             .iter()
-            .filter(|(kid, _)| !registry.contains_key(*kid))
+            .filter(|(kid, _)| !registry.contains_key(*kid) && !refused.contains(*kid))
             .map(|(kid, k)| (kid.clone(), k.signer.public_key().to_bytes(), k.not_before_unix_ms))
             .collect()
     }
@@ -193,6 +197,12 @@ impl NodeKeys {
                 None
             }
         }
+    }
+
+    /// Marks a local key whose registration the cluster refused.
+    pub(crate) fn refuse(&self, kid: &KeyId) {
+        self.refused.lock().unwrap_or_else(|p| p.into_inner()).insert(kid.clone());
+        self.notify();
     }
 
     /// Tells grants waiting for a key that something changed.
@@ -348,7 +358,10 @@ impl LockService {
         };
         let result: Result<KeyChange, String> =
             decode(&reply.data, "key registration reply").map_err(|e| LockError::Internal(e.to_string()))?;
-        result.map_err(LockError::Unknown)
+        match result.map_err(LockError::Unknown)? {
+            KeyChange::Refused(r) => Err(key_refused(&registration.kid, &r)),
+            c => Ok(c),
+        }
     }
 
     /// On the leader: proposes the registration of `node`'s key.
@@ -359,11 +372,28 @@ impl LockService {
         public_key: [u8; 32],
         not_before_unix_ms: u64,
     ) -> Result<KeyChange, LockError> {
+        match self.registration_outcome(node, kid.clone(), public_key, not_before_unix_ms).await? {
+            KeyChange::Refused(r) => Err(key_refused(&kid, &r)),
+            c => Ok(c),
+        }
+    }
+
+    /// On the leader: proposes the registration of `node`'s key and returns
+    /// what applying it did, a refusal included (the raft transport sends
+    /// it back to the member as it is).
+    pub(crate) async fn registration_outcome(
+        &self,
+        node: NodeId,
+        kid: KeyId,
+        public_key: [u8; 32],
+        not_before_unix_ms: u64,
+    ) -> Result<KeyChange, LockError> {
         let cmd = Command::RegisterSigningKey { kid: kid.clone(), node_id: node, public_key, not_before_unix_ms };
         match self.propose(cmd).await? {
-            Outcome::SigningKey(KeyChange::Refused(r)) => Err(key_refused(&kid, &r)),
             Outcome::SigningKey(c) => {
-                tracing::info!(%kid, node, "registered a token-signing key");
+                if c == KeyChange::Registered {
+                    tracing::info!(%kid, node, "registered a token-signing key");
+                }
                 Ok(c)
             }
             other => Err(LockError::Internal(format!("unexpected outcome {other:?}"))),
@@ -401,6 +431,7 @@ impl LockService {
         }
         let now_ms = self.inner.clock.wall_ms();
         let not_before = now_ms.saturating_add(activate_in.as_millis() as u64);
+        let mut changed = self.keys().subscribe();
         let taken: Vec<KeyId> = self.inner.sm.read().signing_keys().keys().cloned().collect();
         let svc = self.clone();
         let (kid, public) =
@@ -414,6 +445,14 @@ impl LockService {
                 "key {kid} was made and saved on node {me}, but its registration did not complete ({e}); \
                  the node retries it in the background"
             )));
+        }
+        // Committed on the leader; on a follower, wait until applied here too.
+        let deadline = self.inner.clock.after(self.policy().write_timeout);
+        while !self.inner.sm.read().signing_keys().contains_key(&kid) {
+            tokio::select! {
+                r = changed.changed() => if r.is_err() { break },
+                () = tokio::time::sleep_until(deadline) => break,
+            }
         }
         let state = self.inner.sm.read();
         let registry = state.signing_keys();
@@ -462,15 +501,16 @@ impl LockService {
     }
 }
 
-/// Whether this node has a local key the registry lacks.
+/// Whether this node has a local key the registry lacks (and did not refuse).
 fn kid_pending(keys: &NodeKeys, registry: &BTreeMap<KeyId, SigningKeyRecord>) -> bool {
-    keys.read().keys().any(|kid| !registry.contains_key(kid))
+    !keys.unregistered(registry).is_empty()
 }
 
 /// Registers this node's unregistered keys until `shutdown`: at once when
 /// one is pending, checking again every [`REGISTER_IDLE`].
 pub(crate) async fn register_keys(svc: LockService, mut shutdown: watch::Receiver<bool>) {
     let mut changed = svc.keys().subscribe();
+    let mut failures = 0u32;
     loop {
         let pending = {
             let state = svc.inner.sm.read();
@@ -478,14 +518,27 @@ pub(crate) async fn register_keys(svc: LockService, mut shutdown: watch::Receive
         };
         for (kid, public_key, not_before) in &pending {
             match svc.register_own_key(kid.clone(), *public_key, *not_before).await {
-                Ok(_) => {}
+                Ok(_) => failures = 0,
                 Err(LockError::NotLeader { .. } | LockError::NoQuorum) => {
                     tracing::debug!(%kid, "no leader to register the signing key with yet")
                 }
-                Err(e) => tracing::warn!(%kid, error = %e, "could not register this node's signing key; retrying"),
+                Err(e @ (LockError::SigningKeyRefused(_) | LockError::Invalid(_))) => {
+                    tracing::error!(%kid, error = %e, "the cluster refused this node's signing key; it will not sign with it");
+                    svc.keys().refuse(kid);
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    // A leader of an older version (a rolling upgrade) answers
+                    // this at every try: say so once in a while, not each time.
+                    if failures.is_power_of_two() {
+                        tracing::warn!(%kid, error = %e, failures, "could not register this node's signing key; retrying");
+                    }
+                }
             }
         }
-        let pause = if pending.is_empty() { REGISTER_IDLE } else { REGISTER_RETRY };
+        // 300 ms doubling to at most 10 s while registrations keep failing.
+        let backoff = REGISTER_RETRY.saturating_mul(1 << failures.min(5)).min(Duration::from_secs(10));
+        let pause = if pending.is_empty() { REGISTER_IDLE } else { backoff };
         tokio::select! {
             _ = shutdown.changed() => return,
             r = changed.changed(), if pending.is_empty() => if r.is_err() { return },

@@ -130,6 +130,15 @@ async fn t71_tokens_of_a_new_leader_after_failover_verify_with_the_keys_exported
     let retried = acquire(&c, new, "db/a", "t71-request-1").await;
     assert_eq!(retried.fencing_token, before.fencing_token);
     assert_eq!(ring.verify(&signed(&retried), "db/a", now_ms()).unwrap().token(), before.fencing_token);
+
+    // A follower rotates its own key: made there, registered through the leader.
+    let follower = survivors.into_iter().find(|n| *n != new).unwrap();
+    let req = RotateSigningKeyRequest { node_id: follower, activate_in_ms: 0 };
+    let key = c.admin(follower).rotate_signing_key(req).await.unwrap().into_inner().key.unwrap();
+    assert_eq!(key.node_id, follower);
+    assert!(key.current, "{key:?}");
+    let (_, views) = export(&c, new).await;
+    assert!(views.iter().any(|v| v.kid == key.kid && v.current), "the leader lists it as current: {views:?}");
     c.shutdown().await;
 }
 
