@@ -102,7 +102,13 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let log_filter = init_tracing(&cli.log, cli.log_format);
+    let log_filter = match init_tracing(&cli.log, cli.log_format) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("fencer: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -145,22 +151,21 @@ fn main() -> ExitCode {
 
 /// Logs go to stderr, as text or JSON lines (with the fields of the spans
 /// they happen in). The filter sits in a `reload` layer so that a running
-/// coordinator or proxy can change it (`fencer log-level`).
-fn init_tracing(filter: &str, format: LogFormat) -> std::sync::Arc<cmd::log_level::LogFilter> {
+/// coordinator or proxy can change it (`fencer log-level`). Colours only
+/// when stderr is a terminal, so log files and journald get plain text. A
+/// filter that does not parse is a usage error, not a silent fallback.
+fn init_tracing(filter: &str, format: LogFormat) -> Result<std::sync::Arc<cmd::log_level::LogFilter>, String> {
+    use std::io::IsTerminal;
     use tracing_subscriber::prelude::*;
     use tracing_subscriber::{EnvFilter, fmt, reload};
-    let (parsed, text) = match EnvFilter::try_new(filter) {
-        Ok(f) => (f, filter),
-        Err(e) => {
-            eprintln!("fencer: bad --log filter {filter:?} ({e}); using `info`");
-            (EnvFilter::new("info"), "info")
-        }
-    };
-    let (filter, handle) = reload::Layer::new(parsed);
-    let registry = tracing_subscriber::registry().with(filter);
+    let parsed = EnvFilter::try_new(filter).map_err(|e| format!("bad --log filter {filter:?}: {e}"))?;
+    let (layer, handle) = reload::Layer::new(parsed);
+    let registry = tracing_subscriber::registry().with(layer);
     match format {
-        LogFormat::Text => registry.with(fmt::layer().with_writer(std::io::stderr)).init(),
+        LogFormat::Text => {
+            registry.with(fmt::layer().with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr)).init()
+        }
         LogFormat::Json => registry.with(fmt::layer().json().with_writer(std::io::stderr)).init(),
     }
-    cmd::log_level::LogFilter::new(handle, text)
+    Ok(cmd::log_level::LogFilter::new(handle, filter))
 }

@@ -65,3 +65,14 @@ fn t49_env_vars_stand_for_flags() {
     assert!(out.contains("held"), "{out}");
     assert!(serde_json::from_str::<serde_json::Value>(out.trim()).is_err(), "table, not JSON: {out}");
 }
+
+#[test]
+fn t49_a_log_filter_that_does_not_parse_is_a_usage_error() {
+    // Not a silent fallback to `info`: an operator who asked for a filter
+    // must learn at start that it was not taken.
+    let (code, _, err) = run_env(&["--log", "fencer=loudest", "completions", "bash"], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("bad --log filter") && err.contains("loudest"), "{err}");
+    let (code, _, err) = run_env(&["completions", "bash"], &[("FENCER_LOG", "fencer=loudest")]);
+    assert_eq!(code, 2, "{err}");
+}

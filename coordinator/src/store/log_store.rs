@@ -43,7 +43,7 @@ const KEY_PURGED: &str = "last_purged";
 const CACHE_FLUSHED_ENTRIES: usize = 16_384;
 /// redb's page cache for the log file (its default is 1 GiB). Replication
 /// reads recent entries from the in-memory cache above, so this stays small.
-pub(crate) const LOG_CACHE_BYTES: usize = 32 << 20;
+pub(crate) const LOG_CACHE_BYTES: usize = 8 << 20;
 /// Most operations one group commit covers.
 const MAX_GROUP: usize = 4_096;
 
