@@ -96,6 +96,28 @@ async fn t74_the_proxy_verifies_the_coordinators_tokens() {
     let (token_x, signed_x) = acquire(&endpoint, "db/x");
     let keys_file = dir.path().join("keys.json");
     export(&endpoint, &keys_file);
+    // The simple form of `fencer proxy` takes the exported file as it is.
+    let listen = free_addr().to_string();
+    let data = dir.path().join("check-data");
+    let check = run_fencer(
+        &[
+            "proxy",
+            "--listen",
+            &listen,
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--resource",
+            "db/x",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--signing-keys",
+            keys_file.to_str().unwrap(),
+            "--check-config",
+        ],
+        SOON,
+    );
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success() && stdout.contains("unsigned refused"), "{stdout}{:?}", check.stderr);
     let upstream = TestUpstream::start().await.unwrap();
     let proxy = start_proxy(&upstream, dir.path(), &keys_file).await;
     let admin = AdminClient::new(&proxy.admin_addr().to_string(), SOON).unwrap();
