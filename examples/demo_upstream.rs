@@ -79,7 +79,9 @@ async fn handle(req: Request<Incoming>, store: Store) -> Result<Response<Full<By
         Method::PUT | Method::POST => {
             let body = match Limited::new(req.into_body(), MAX_VALUE_BYTES).collect().await {
                 Ok(b) => b.to_bytes(),
-                Err(e) => return answer(StatusCode::PAYLOAD_TOO_LARGE, format!("value over 64 KiB or unreadable: {e}\n")),
+                Err(e) => {
+                    return answer(StatusCode::PAYLOAD_TOO_LARGE, format!("value over 64 KiB or unreadable: {e}\n"));
+                }
             };
             let mut map = store.lock().unwrap_or_else(|p| p.into_inner());
             if map.len() >= MAX_KEYS && !map.contains_key(&key) {

@@ -69,6 +69,7 @@ pub(crate) fn code_for(e: &ClientError) -> u8 {
             Reason::LockHeld | Reason::WaitTimeout | Reason::TooManyWaiters => NOT_ACQUIRED,
             Reason::NotHolder | Reason::LeaseExpired => NOT_HOLDER,
             Reason::InvalidArgument | Reason::RequestIdReused => INVALID,
+            Reason::Other(r) if r == "UNKNOWN_SIGNING_KEY" || r == "SIGNING_KEY_REFUSED" => INVALID,
             Reason::NotLeader
             | Reason::NoQuorum
             | Reason::OutcomeUnknown

@@ -67,9 +67,12 @@ enum Command {
     Member(cmd::member::MemberArgs),
     /// Free a lock whoever holds it (operator action, audited).
     ForceRelease(cmd::lock::ForceReleaseArgs),
+    /// Token-signing keys: list, export the proxies' key set, rotate, retire.
+    Keys(cmd::keys::KeysArgs),
     /// Run a command while holding a lock; stop it if the lock is lost.
     #[command(after_help = "\
-The command gets FENCER_RESOURCE, FENCER_TOKEN and FENCER_LEASE_ID. Exit status: the command's own \
+The command gets FENCER_RESOURCE, FENCER_TOKEN, FENCER_LEASE_ID and FENCER_SIGNED_TOKEN (empty when \
+the grant carried no signed token). Exit status: the command's own \
 (128 + N if signal N ended it), or fencer's: 203 not acquired, 204 lock lost while it ran, 205 \
 unavailable, 206 invalid, 207 cannot start, 202 usage, 201 other. See docs/client.md.")]
     Exec(cmd::exec::ExecArgs),
@@ -128,6 +131,7 @@ fn main() -> ExitCode {
             Command::LogLevel(args) => cmd::log_level::run(args).await,
             Command::Member(args) => cmd::member::run(args).await,
             Command::ForceRelease(args) => cmd::lock::force_release(args).await,
+            Command::Keys(args) => cmd::keys::run(args).await,
             Command::Exec(args) => cmd::exec::run(args).await,
             Command::Completions(args) => cmd::completions::run(args, Cli::command()),
             Command::Proxy(args) => cmd::proxy::run_proxy(args, log_filter).await,

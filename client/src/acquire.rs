@@ -98,6 +98,9 @@ pub struct Grant {
     pub waited: bool,
     /// The request id the grant is recorded under.
     pub request_id: String,
+    /// The grant as signed by the leader, `v1.<claims>.<sig>` (DESIGN P7);
+    /// `None` when the leader had no registered signing key.
+    pub signed_token: Option<String>,
     /// Send time of the first attempt with this request id: the earliest
     /// moment the grant can have happened.
     pub first_sent: Instant,
@@ -113,6 +116,7 @@ impl Grant {
             expires_at_unix_ms: r.expires_at_unix_ms,
             waited: r.waited,
             request_id: if r.request_id.is_empty() { request_id } else { r.request_id },
+            signed_token: (!r.signed_token.is_empty()).then_some(r.signed_token),
             first_sent,
         }
     }
@@ -368,7 +372,8 @@ impl AcquireBuilder {
             }
         }
         let times = Times { deadline, next_due: timing.next_due_from(basis) };
-        let core = LeaseCore::new(grant.resource, grant.lease_id, grant.token, grant.request_id, timing, times);
+        let core = LeaseCore::new(grant.resource, grant.lease_id, grant.token, grant.request_id, timing, times)
+            .with_signed_token(grant.signed_token);
         Ok(Lease::start(self.client.clone(), core))
     }
 }

@@ -19,8 +19,10 @@ use fencer_proto::v1::admin_client::AdminClient;
 use fencer_proto::v1::lock_client::LockClient;
 use fencer_proto::v1::{
     AcquireRequest, AcquireResponse, AddLearnerRequest, ChangeMembershipRequest, ForceReleaseRequest,
-    ForceReleaseResponse, GetLockRequest, GetLockResponse, ListLocksRequest, ListLocksResponse, MembershipResponse,
-    ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, StatusRequest, StatusResponse,
+    ForceReleaseResponse, GetLockRequest, GetLockResponse, ListLocksRequest, ListLocksResponse, ListSigningKeysRequest,
+    ListSigningKeysResponse, MembershipResponse, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse,
+    RetireSigningKeyRequest, RetireSigningKeyResponse, RotateSigningKeyRequest, RotateSigningKeyResponse,
+    StatusRequest, StatusResponse,
 };
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
@@ -400,6 +402,55 @@ impl Client {
             async move { AdminClient::new(c).force_release(req).await }
         })
         .await
+    }
+
+    /// The token-signing keys registered in the cluster (public halves),
+    /// as the leader sees them.
+    pub async fn signing_keys(&self) -> Result<ListSigningKeysResponse, ClientError> {
+        self.route(
+            Duration::ZERO,
+            |c| async move { AdminClient::new(c).list_signing_keys(ListSigningKeysRequest {}).await },
+        )
+        .await
+    }
+
+    /// Ends signing key `kid`'s validity `after` from now (through the leader).
+    pub async fn retire_signing_key(
+        &self,
+        kid: &str,
+        after: Duration,
+        force: bool,
+    ) -> Result<RetireSigningKeyResponse, ClientError> {
+        let req = RetireSigningKeyRequest { kid: kid.into(), after_ms: after.as_millis() as u64, force };
+        self.route(Duration::ZERO, |c| {
+            let req = req.clone();
+            async move { AdminClient::new(c).retire_signing_key(req).await }
+        })
+        .await
+    }
+
+    /// Has the node at `addr` (expected to be node `node_id`; 0: any) make
+    /// and register a new signing key valid from `activate_in` after now.
+    /// Asked directly: a key is made on the node that keeps it.
+    pub async fn rotate_signing_key_on(
+        &self,
+        addr: &str,
+        node_id: u64,
+        activate_in: Duration,
+    ) -> Result<RotateSigningKeyResponse, ClientError> {
+        let channel = self.channel(addr)?;
+        let req = RotateSigningKeyRequest { node_id, activate_in_ms: activate_in.as_millis() as u64 };
+        // Making the key, then committing its registration.
+        let limit = self.inner.call_timeout * 2;
+        match tokio::time::timeout(limit, AdminClient::new(channel).rotate_signing_key(req)).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => Err(ClientError::from_status(&status)),
+            Err(_) => Err(ClientError::Unavailable {
+                reason: None,
+                message: format!("{addr} did not answer within {limit:?}; the key may have been made"),
+                metadata: HashMap::new(),
+            }),
+        }
     }
 
     /// The status of one node, asked directly (no leader routing).

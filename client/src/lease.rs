@@ -110,6 +110,8 @@ pub(crate) struct LeaseCore {
     pub(crate) token: FencingToken,
     pub(crate) request_id: String,
     pub(crate) timing: Timing,
+    /// The leader's signature over the grant, when it sent one.
+    pub(crate) signed_token: Option<String>,
     times: Mutex<Times>,
     state: watch::Sender<LeaseState>,
 }
@@ -124,7 +126,13 @@ impl LeaseCore {
         times: Times,
     ) -> Self {
         let (state, _) = watch::channel(LeaseState::Held);
-        Self { resource, lease_id, token, request_id, timing, times: Mutex::new(times), state }
+        Self { resource, lease_id, token, request_id, timing, signed_token: None, times: Mutex::new(times), state }
+    }
+
+    /// The same core with the grant's signed token.
+    pub(crate) fn with_signed_token(mut self, signed_token: Option<String>) -> Self {
+        self.signed_token = signed_token;
+        self
     }
 
     pub(crate) fn times(&self) -> Times {
@@ -224,6 +232,12 @@ impl LeaseHandle {
     /// The fencing token to send with every write.
     pub fn token(&self) -> FencingToken {
         self.core.token
+    }
+
+    /// The grant signed by the coordinator (`v1.<claims>.<sig>`, DESIGN P7),
+    /// for proxies that verify signatures; see [`Lease::signed_token`].
+    pub fn signed_token(&self) -> Option<&str> {
+        self.core.signed_token.as_deref()
     }
 
     /// The state now, checked against the clock: Lost once the local deadline
@@ -355,6 +369,25 @@ impl Lease {
     /// The fencing token to send with every write (I2).
     pub fn token(&self) -> FencingToken {
         self.core.token
+    }
+
+    /// The grant as signed by the coordinator's leader: `v1.<claims>.<sig>`
+    /// over {resource, token, lease id, issued at} (DESIGN P7). Send it as
+    /// `Fencing-Token` to proxies configured with `[signing]`
+    /// ([`crate::SignedStamp::for_lease`] does). `None` when the leader had
+    /// no registered signing key (a coordinator older than signing, or a
+    /// brand-new cluster whose key was not committed within 2 s). It is as
+    /// secret as the lease id: it names it.
+    pub fn signed_token(&self) -> Option<&str> {
+        self.core.signed_token.as_deref()
+    }
+
+    /// A tower layer that stamps this lease's signed token (see
+    /// [`crate::SignedStamp::for_lease`]); fails when the grant carried none.
+    pub fn signed_stamp_layer(&self) -> Result<crate::StampLayer, crate::StampError> {
+        let handle = self.handle();
+        let stamp = crate::SignedStamp::for_lease(&handle)?;
+        Ok(crate::StampLayer::new(handle).with_stamp(stamp))
     }
 
     /// The lease id: the capability to renew and release. Keep it secret.

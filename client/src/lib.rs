@@ -13,7 +13,9 @@
 //! - [`Client::acquire_all`] takes several locks in sorted order within one
 //!   timeout (not atomic).
 //! - [`StampLayer`] stamps `Fencing-Token` on outgoing HTTP requests and
-//!   refuses to send them unless the lease is Held.
+//!   refuses to send them unless the lease is Held; with
+//!   [`Lease::signed_stamp_layer`] it sends the token the coordinator signed
+//!   ([`Lease::signed_token`], DESIGN P7) for proxies that verify signatures.
 //!
 //! The guide is `docs/client.md` in the repository.
 //!
@@ -79,6 +81,6 @@ pub use self::stamp::{
 };
 pub use self::types::{FencingToken, LeaseId};
 pub use fencer_proto::v1::{
-    AcquireResponse, ForceReleaseResponse, GetLockResponse, ListLocksResponse, NodeStatus, ReleaseResponse,
-    RenewResponse, StatusResponse,
+    AcquireResponse, ForceReleaseResponse, GetLockResponse, ListLocksResponse, ListSigningKeysResponse, NodeStatus,
+    ReleaseResponse, RenewResponse, RetireSigningKeyResponse, RotateSigningKeyResponse, SigningKey, StatusResponse,
 };

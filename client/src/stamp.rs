@@ -13,9 +13,12 @@
 //! sends the coordinator's signed token, `Fencing-Token: v1.<claims>.<sig>`
 //! (DESIGN P7), which proxies configured with signing keys require; it is
 //! built from the token string the grant carried and refuses to stamp it on
-//! a request for another resource or token. [`Claim`] is
-//! `#[non_exhaustive]`, so the lease can later hand the signed token to the
-//! stamp itself without changing the layer.
+//! a request for another resource or token. The coordinator signs every
+//! grant: [`SignedStamp::for_lease`] (or [`crate::Lease::signed_stamp_layer`])
+//! takes the lease's own signed token. [`Claim`] carries the signed token
+//! too, for custom stamps. The default stays [`PlainToken`]: a proxy without
+//! `[signing]` refuses signed tokens (fail closed), so switching is the
+//! caller's choice, made when its proxies have keys.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -41,6 +44,8 @@ pub struct Claim<'a> {
     pub resource: &'a str,
     /// The lease's fencing token.
     pub token: FencingToken,
+    /// The lease's signed token, when the coordinator sent one.
+    pub signed_token: Option<&'a str>,
 }
 
 /// Why a [`Stamp`] could not stamp a request.
@@ -110,6 +115,19 @@ impl SignedStamp {
         let value = HeaderValue::from_str(token.as_str())
             .map_err(|_| StampError("the signed token is not a valid header value".into()))?;
         Ok(Self { token, value, with_resource: false })
+    }
+
+    /// The signed token the coordinator issued with `lease`'s grant; fails
+    /// when the grant carried none (see [`crate::Lease::signed_token`]).
+    pub fn for_lease(lease: &LeaseHandle) -> Result<Self, StampError> {
+        let token = lease.signed_token().ok_or_else(|| {
+            StampError(format!(
+                "the grant of {:?} (token {}) carried no signed token: the coordinator had no registered signing key",
+                lease.resource(),
+                lease.token()
+            ))
+        })?;
+        Self::new(token)
     }
 
     /// Also send `Fencing-Resource` (see [`PlainToken::with_resource`]).
@@ -242,7 +260,11 @@ where
         if !state.is_held() {
             return StampedFuture::refused(StampRefusal::NotHeld(state));
         }
-        let claim = Claim { resource: self.lease.resource(), token: self.lease.token() };
+        let claim = Claim {
+            resource: self.lease.resource(),
+            token: self.lease.token(),
+            signed_token: self.lease.signed_token(),
+        };
         if let Err(e) = self.stamp.stamp(&claim, req.headers_mut()) {
             return StampedFuture::refused(StampRefusal::Stamp(e));
         }
@@ -381,5 +403,24 @@ mod tests {
         }
         assert_eq!(seen.lock().unwrap().len(), 1);
         assert!(SignedStamp::new("7").is_err(), "a plain number is not a signed token");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stamps_the_signed_token_the_lease_was_granted_with() {
+        let plain = LeaseHandle::from_core(core(Duration::from_secs(30), crate::clock::now()));
+        let err = SignedStamp::for_lease(&plain).unwrap_err();
+        assert!(err.to_string().contains("carried no signed token"), "{err}");
+
+        let signer = fencer_token::Signer::from_secret_bytes(fencer_token::KeyId::new("n1-x").unwrap(), &[2; 32]);
+        let mine = signer.sign("orders/42", 7, 1, 1_770_000_000_000).unwrap();
+        let unique = Arc::try_unwrap(core(Duration::from_secs(30), crate::clock::now())).ok().unwrap();
+        let lease = LeaseHandle::from_core(Arc::new(unique.with_signed_token(Some(mine.as_str().to_string()))));
+        assert_eq!(lease.signed_token(), Some(mine.as_str()));
+        let seen = Seen::default();
+        let svc = StampLayer::new(lease.clone())
+            .with_stamp(SignedStamp::for_lease(&lease).unwrap())
+            .layer(upstream(seen.clone()));
+        assert_eq!(svc.oneshot(Request::new(())).await.unwrap(), 200);
+        assert_eq!(seen.lock().unwrap()[0][FENCING_TOKEN_HEADER], mine.as_str());
     }
 }

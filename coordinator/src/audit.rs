@@ -17,6 +17,8 @@
 //! | CancelWait of a queued request | `cancel_wait`/`cancelled` |
 //! | membership change | `membership`/`changed` with the voters and learners |
 //! | snapshot installed instead of applying entries | `snapshot_installed`/`installed`: entries up to this index were not applied here |
+//! | RegisterSigningKey that registers a key | `signing_key_register`/`registered` with the key id, node, public key and window (never a secret) |
+//! | RetireSigningKey that moves a key's end | `signing_key_retire`/`retired` with the key id, node and new window |
 //!
 //! Refusals (LOCK_HELD, TOO_MANY_WAITERS, NOT_HOLDER, …), retries answered
 //! from the request-id table, expiries of already renewed leases and request
@@ -125,6 +127,10 @@ pub enum AuditOp {
     /// A snapshot replaced the state; entries up to its index were not
     /// applied (nor audited) on this node.
     SnapshotInstalled,
+    /// A node's token-signing public key was registered.
+    SigningKeyRegister,
+    /// A token-signing key's end of validity was set or moved earlier.
+    SigningKeyRetire,
 }
 
 impl AuditOp {
@@ -140,11 +146,13 @@ impl AuditOp {
             Self::CancelWait => "cancel_wait",
             Self::Membership => "membership",
             Self::SnapshotInstalled => "snapshot_installed",
+            Self::SigningKeyRegister => "signing_key_register",
+            Self::SigningKeyRetire => "signing_key_retire",
         }
     }
 
     /// Every op, for parsing and help texts.
-    pub const ALL: [AuditOp; 9] = [
+    pub const ALL: [AuditOp; 11] = [
         Self::Acquire,
         Self::Renew,
         Self::Release,
@@ -154,6 +162,8 @@ impl AuditOp {
         Self::CancelWait,
         Self::Membership,
         Self::SnapshotInstalled,
+        Self::SigningKeyRegister,
+        Self::SigningKeyRetire,
     ];
 }
 
@@ -190,6 +200,10 @@ pub enum AuditOutcome {
     Changed,
     /// A snapshot was installed.
     Installed,
+    /// A signing key was registered.
+    Registered,
+    /// A signing key was retired.
+    Retired,
 }
 
 /// One line of the audit log.
@@ -244,6 +258,21 @@ pub struct AuditRecord {
     /// Learners after a membership change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learners: Option<Vec<u64>>,
+    /// The signing key (`kid`) a key line is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// The node holding that signing key's secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_node: Option<u64>,
+    /// The signing key's public half, base64url (never the secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
+    /// The signing key's start of validity, Unix milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before_unix_ms: Option<u64>,
+    /// The signing key's end of validity (exclusive), Unix milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_after_unix_ms: Option<u64>,
 }
 
 impl AuditRecord {
@@ -266,6 +295,11 @@ impl AuditRecord {
             reason: None,
             voters: None,
             learners: None,
+            key_id: None,
+            key_node: None,
+            public_key: None,
+            not_before_unix_ms: None,
+            not_after_unix_ms: None,
         }
     }
 
@@ -376,6 +410,19 @@ pub(crate) fn records_for(
                 r.request_id = Some(request_id.to_string());
                 r.holder = Some(holder.to_string());
                 r.lease_id = Some(lease_id.to_string());
+                r
+            }
+            Event::SigningKeyRegistered { kid, key } | Event::SigningKeyRetired { kid, key } => {
+                let (op, outcome) = match event {
+                    Event::SigningKeyRegistered { .. } => (AuditOp::SigningKeyRegister, AuditOutcome::Registered),
+                    _ => (AuditOp::SigningKeyRetire, AuditOutcome::Retired),
+                };
+                let mut r = AuditRecord::new(index, time(), op, outcome);
+                r.key_id = Some(kid.to_string());
+                r.key_node = Some(key.node_id);
+                r.public_key = fencer_token::PublicKey::from_bytes(&key.public_key).ok().map(|k| k.to_base64url());
+                r.not_before_unix_ms = Some(key.not_before_unix_ms);
+                r.not_after_unix_ms = key.not_after_unix_ms;
                 r
             }
             Event::DedupHit { .. } => continue,

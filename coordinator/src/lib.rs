@@ -27,6 +27,8 @@
 //! - `waiters` — parked Acquire calls; promotion wakes exactly one.
 //! - `policy` — every request bound.
 //! - `service` — the lock operations and their error type [`LockError`].
+//! - `signing` — this node's token-signing keys (P7): kept in the data dir,
+//!   registered through the log, used to sign every grant.
 //! - `api` — gRPC and JSON front ends; the one error→status mapping.
 //! - `node` — assembling it all, bootstrap, leader duties, shutdown.
 //! - `metrics` — Prometheus metrics.
@@ -71,6 +73,7 @@ mod node;
 mod policy;
 mod server;
 mod service;
+mod signing;
 mod state_machine;
 mod store;
 mod tenants;
@@ -95,9 +98,11 @@ pub use self::service::{
     AcquireRequest, ForceReleased, Granted, Health, LockError, LockService, LockView, MemberView, Released, Renewed,
     StatusView,
 };
+pub use self::signing::{SIGNING_DIR, SigningKeyError, SigningKeyView, key_set};
 pub use self::state_machine::{
     Applied, CancelOutcome, Changes, Command, DedupOutcome, DedupRecord, EndReason, EndedLease, Event, Grant,
-    LockRecord, LockState, LogCommand, Outcome, Quota, QuotaLimit, Rejection, ResourceHash, ResourceState, Waiter,
+    KeyChange, KeyRefusal, LockRecord, LockState, LogCommand, Outcome, Quota, QuotaLimit, Rejection, ResourceHash,
+    ResourceState, SigningKeyRecord, Waiter, current_signing_key,
 };
 pub use self::store::{
     ApplyObserver, LOG_FILE, LogReader, LogStore, NoObserver, SNAPSHOT_DIR, STATE_FILE, StateMachineStore,

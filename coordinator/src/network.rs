@@ -265,6 +265,8 @@ pub(crate) struct RaftService {
     node_id: NodeId,
     cluster_id: Arc<ClusterId>,
     require_peer: bool,
+    /// For members' signing-key registrations (module `signing`).
+    svc: crate::service::LockService,
 }
 
 impl RaftService {
@@ -272,8 +274,14 @@ impl RaftService {
     /// and every message while this node has not joined a cluster yet.
     /// With `require_peer` (TLS on the port), every call must come over a
     /// connection whose client certificate chains to the peer CA.
-    pub(crate) fn new(raft: RaftHandle, node_id: NodeId, cluster_id: Arc<ClusterId>, require_peer: bool) -> Self {
-        Self { raft, node_id, cluster_id, require_peer }
+    pub(crate) fn new(
+        raft: RaftHandle,
+        node_id: NodeId,
+        cluster_id: Arc<ClusterId>,
+        require_peer: bool,
+        svc: crate::service::LockService,
+    ) -> Self {
+        Self { raft, node_id, cluster_id, require_peer, svc }
     }
 
     /// Refuses a call that did not come from an authenticated peer, when
@@ -367,6 +375,28 @@ impl RaftRpc for RaftService {
         };
         let snapshot = Snapshot { meta, snapshot: Cursor::new(data) };
         self.reply(self.raft.install_full_snapshot(vote, snapshot).await.map_err(|e| e.to_string()))
+    }
+
+    /// A member registers its own signing key with this leader: `from` is
+    /// the node that keeps the secret, and must be a member.
+    async fn register_signing_key(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.authenticate(&request)?;
+        let p = request.into_inner();
+        self.check(&p.cluster_id, p.from)?;
+        let reg: crate::signing::KeyRegistration = decode(&p.data, "register_signing_key").map_err(bad_payload)?;
+        if !self.svc.is_member(p.from) {
+            return Err(Status::permission_denied(format!("node {} is not a member of this cluster", p.from)));
+        }
+        if self.raft.as_leader().is_err() {
+            return self
+                .reply::<crate::state_machine::KeyChange>(Err(format!("node {} is not the leader", self.node_id)));
+        }
+        let result = self
+            .svc
+            .registration_outcome(p.from, reg.kid, reg.public_key, reg.not_before_unix_ms)
+            .await
+            .map_err(|e| e.to_string());
+        self.reply(result)
     }
 
     async fn hello(&self, request: Request<HelloRequest>) -> Result<Response<HelloResponse>, Status> {

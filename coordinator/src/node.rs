@@ -30,6 +30,7 @@ use crate::metrics::Metrics;
 use crate::network::{Faults, MAX_RAFT_MESSAGE, NetworkFactory, RaftHandle, RaftService};
 use crate::policy::Policy;
 use crate::service::{LockService, ServiceInner};
+use crate::signing::{NodeKeys, register_keys};
 use crate::state_machine::{Applied, Command, Event, Grant, LockState, LogCommand};
 use crate::store::{ApplyObserver, LOG_FILE, LogStore, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
 use crate::tenants::{Authenticator, Tenants};
@@ -199,6 +200,9 @@ pub enum StartError {
     /// The TLS certificates, keys or CAs cannot be used.
     #[error("TLS: {0}")]
     Tls(String),
+    /// The node's token-signing keys (`DATA_DIR/signing`) cannot be used.
+    #[error("{0}")]
+    SigningKeys(#[from] crate::signing::SigningKeyError),
 }
 
 /// Connects applied entries to the lease clock, parked calls, metrics and
@@ -208,6 +212,7 @@ struct NodeObserver {
     parked: Arc<ParkedCalls>,
     metrics: Arc<Metrics>,
     hot: Arc<HotTracker>,
+    keys: Arc<NodeKeys>,
     clock: Clock,
 }
 
@@ -246,6 +251,7 @@ impl ApplyObserver for NodeObserver {
                 }
                 Event::WaiterCancelled { request_id, .. } => self.parked.cancelled(request_id),
                 Event::WaiterQueued { .. } => {}
+                Event::SigningKeyRegistered { .. } | Event::SigningKeyRetired { .. } => self.keys.notify(),
                 Event::DedupHit { .. } => {
                     self.metrics.dedup_hits.inc();
                 }
@@ -255,6 +261,7 @@ impl ApplyObserver for NodeObserver {
 
     fn on_state_replaced(&self, state: &LockState) {
         self.leases.reset_from(state, Duration::ZERO);
+        self.keys.notify();
     }
 }
 
@@ -368,11 +375,19 @@ impl Node {
         let leases = Arc::new(LeaseClock::new(clock));
         let parked = Arc::new(ParkedCalls::new(clock));
         let hot = Arc::new(HotTracker::new(config.hot_capacity, HOT_HALF_LIFE));
+        let keys = {
+            let (d, id, now) = (dir.clone(), config.node_id, clock.wall_ms());
+            let opened = tokio::task::spawn_blocking(move || NodeKeys::open(&d, id, now))
+                .await
+                .map_err(|e| StartError::Storage(std::io::Error::other(e)))?;
+            Arc::new(opened?)
+        };
         let observer = Arc::new(NodeObserver {
             leases: leases.clone(),
             parked: parked.clone(),
             metrics: metrics.clone(),
             hot: hot.clone(),
+            keys: keys.clone(),
             clock,
         });
         let audit_dir = config.audit.as_ref().map(|a| a.dir_for(&dir));
@@ -451,6 +466,7 @@ impl Node {
             stopping: std::sync::atomic::AtomicBool::new(false),
             hot,
             log_control: config.log_control.clone(),
+            keys,
         });
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -470,9 +486,15 @@ impl Node {
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
         .add_service(
-            RaftServer::new(RaftService::new(raft.clone(), config.node_id, cluster.clone(), server_tls.is_some()))
-                .max_decoding_message_size(MAX_RAFT_MESSAGE)
-                .max_encoding_message_size(MAX_RAFT_MESSAGE),
+            RaftServer::new(RaftService::new(
+                raft.clone(),
+                config.node_id,
+                cluster.clone(),
+                server_tls.is_some(),
+                svc.clone(),
+            ))
+            .max_decoding_message_size(MAX_RAFT_MESSAGE)
+            .max_encoding_message_size(MAX_RAFT_MESSAGE),
         );
         let app = grpc
             .routes()
@@ -537,6 +559,7 @@ impl Node {
         let duties = Duties { svc: svc.clone(), leases, parked, election_timeout: config.election_timeout.1 };
         tasks.push(tokio::spawn(duties.run(events_rx, shutdown_rx.clone())));
         tasks.push(tokio::spawn(watch_metrics(raft.clone(), metrics.clone(), shutdown_rx.clone())));
+        tasks.push(tokio::spawn(register_keys(svc.clone(), shutdown_rx.clone())));
 
         tracing::info!(
             node = config.node_id,

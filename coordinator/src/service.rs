@@ -78,6 +78,12 @@ pub enum LockError {
     /// The node is shutting down.
     #[error("the node is shutting down")]
     ShuttingDown,
+    /// No signing key has this key id.
+    #[error("no signing key has the key id {0:?} (fencer keys list shows them)")]
+    UnknownSigningKey(String),
+    /// A signing-key change was refused; the message says why.
+    #[error("signing key change refused: {0}")]
+    SigningKeyRefused(String),
     /// A bug or a storage failure.
     #[error("internal error: {0}")]
     Internal(String),
@@ -122,6 +128,8 @@ impl LockError {
             Self::Unknown(_) => "OUTCOME_UNKNOWN",
             Self::LeaderChanged => "LEADER_CHANGED",
             Self::ShuttingDown => "SHUTTING_DOWN",
+            Self::UnknownSigningKey(_) => "UNKNOWN_SIGNING_KEY",
+            Self::SigningKeyRefused(_) => "SIGNING_KEY_REFUSED",
             Self::Internal(_) => "INTERNAL",
             Self::Unauthenticated(_) => "UNAUTHENTICATED",
             Self::PermissionDenied { .. } => "PERMISSION_DENIED",
@@ -132,9 +140,12 @@ impl LockError {
     /// The outcome label for metrics (DESIGN §6).
     pub fn metric_outcome(&self) -> &'static str {
         match self {
-            Self::Invalid(_) | Self::RequestIdReused | Self::Unauthenticated(_) | Self::PermissionDenied { .. } => {
-                "invalid"
-            }
+            Self::Invalid(_)
+            | Self::RequestIdReused
+            | Self::Unauthenticated(_)
+            | Self::PermissionDenied { .. }
+            | Self::UnknownSigningKey(_)
+            | Self::SigningKeyRefused(_) => "invalid",
             Self::LockHeld { .. } | Self::TooManyWaiters { .. } | Self::TenantLimit { .. } => "conflict",
             Self::WaitTimeout => "timeout",
             Self::NotHolder | Self::LeaseExpired => "not_holder",
@@ -170,6 +181,9 @@ pub struct Granted {
     pub request_id: RequestId,
     /// Wall-clock estimate of the server-side expiry.
     pub expires_at_unix_ms: u64,
+    /// The grant signed by this leader (`v1.<claims>.<sig>`, DESIGN P7);
+    /// `None` when it has no registered signing key valid now.
+    pub signed_token: Option<String>,
 }
 
 /// A successful renewal.
@@ -239,6 +253,8 @@ pub(crate) struct ServiceInner {
     pub(crate) hot: Arc<HotTracker>,
     /// Run-time log filter changes, when the process offers them.
     pub(crate) log_control: Option<LogControlHandle>,
+    /// This node's token-signing keys (module `signing`).
+    pub(crate) keys: Arc<crate::signing::NodeKeys>,
 }
 
 /// The lock operations of one node. Cheap to clone.
@@ -376,14 +392,17 @@ impl LockService {
         }
     }
 
-    fn granted(&self, grant: Grant, request_id: RequestId) -> Granted {
+    /// Every grant answered (at once, after a wait, or to a retry) passes
+    /// here: it is signed now, on this leader, from the applied grant.
+    async fn granted(&self, grant: Grant, request_id: RequestId) -> Granted {
         // After a wait another call's entry granted this one: its index is
         // the token (I2). (An immediate grant's index was recorded by propose.)
         if grant.waited {
             tracing::Span::current().record("log_index", grant.token.0);
         }
         let expires_at_unix_ms = self.expires_at(&grant.lease_id, grant.ttl_ms);
-        Granted { grant, request_id, expires_at_unix_ms }
+        let signed_token = self.sign_grant(grant.resource.as_str(), grant.token.0, grant.lease_id.to_u128()).await;
+        Granted { grant, request_id, expires_at_unix_ms, signed_token }
     }
 
     /// Acquire (DESIGN §2, §3.3).
@@ -425,7 +444,7 @@ impl LockService {
         };
         if wait.is_zero() {
             return match self.propose(cmd).await? {
-                Outcome::Granted(g) => Ok(self.granted(g, request_id)),
+                Outcome::Granted(g) => Ok(self.granted(g, request_id).await),
                 // A retry of a request that once waited: report its slot's fate.
                 Outcome::Queued { .. } => self.wait_in_queue(resource, request_id, None, Duration::ZERO).await,
                 other => Err(self.refusal(other)),
@@ -465,7 +484,7 @@ impl LockService {
             match outcome.and_then(|r| r) {
                 Ok(Outcome::Granted(g)) => {
                     guard.disarm();
-                    return Ok(self.granted(g, request_id));
+                    return Ok(self.granted(g, request_id).await);
                 }
                 Ok(Outcome::Queued { .. }) => {}
                 Ok(other) => {
@@ -484,7 +503,7 @@ impl LockService {
             wake = &mut parked.rx => {
                 guard.disarm();
                 match wake {
-                    Ok(Wake::Granted(g)) => Ok(self.granted(g, request_id)),
+                    Ok(Wake::Granted(g)) => Ok(self.granted(g, request_id).await),
                     Ok(Wake::Cancelled) => Err(LockError::WaitTimeout),
                     Ok(Wake::LeaderChanged) | Err(_) => Err(LockError::LeaderChanged),
                     Ok(Wake::Superseded) => Err(LockError::Unknown(
@@ -497,7 +516,7 @@ impl LockService {
                 self.inner.parked.unpark(&request_id, parked.generation);
                 let cancel = self.propose_detached(Command::CancelWait { resource, request_id: request_id.clone() });
                 match cancel.await.map_err(|e| LockError::Internal(format!("cancel task: {e}")))?? {
-                    Outcome::WaitCancel(CancelOutcome::AlreadyGranted(g)) => Ok(self.granted(g, request_id)),
+                    Outcome::WaitCancel(CancelOutcome::AlreadyGranted(g)) => Ok(self.granted(g, request_id).await),
                     Outcome::WaitCancel(_) => Err(LockError::WaitTimeout),
                     other => Err(LockError::Internal(format!("unexpected outcome of CancelWait: {other:?}"))),
                 }
@@ -586,7 +605,7 @@ impl LockService {
     }
 
     /// Waits until reads on this node are linearizable (ReadIndex, never lease reads).
-    async fn linearize(&self) -> Result<(), LockError> {
+    pub(crate) async fn linearize(&self) -> Result<(), LockError> {
         self.ensure_leader()?;
         let read = tokio::time::timeout(
             self.inner.policy.write_timeout,

@@ -110,6 +110,7 @@ async fn t60_one_line_per_change_with_its_token_and_index_exactly_once_across_re
         first.iter().map(shape).collect::<Vec<_>>(),
         vec![
             (Membership, Changed, None),
+            (SigningKeyRegister, Registered, None),
             (Acquire, Granted, Some("aud/1")),
             (Acquire, Queued, Some("aud/1")),
             (Renew, Renewed, Some("aud/1")),
@@ -129,7 +130,12 @@ async fn t60_one_line_per_change_with_its_token_and_index_exactly_once_across_re
     );
     // Lines are named by (log index, part), strictly increasing.
     assert!(first.windows(2).all(|w| w[0].position() < w[1].position()), "{first:#?}");
-    let (grant_a, queued_c, renew_a, release_a, promote_c) = (&first[1], &first[2], &first[3], &first[4], &first[5]);
+    // The node's signing key, registered before the first grant: its id,
+    // node and public key, never a secret.
+    let key = &first[1];
+    assert!(key.key_id.as_deref().is_some_and(|k| k.starts_with("n1-")) && key.key_node == Some(1), "{key:?}");
+    assert_eq!(key.public_key.as_ref().map(String::len), Some(43));
+    let (grant_a, queued_c, renew_a, release_a, promote_c) = (&first[2], &first[3], &first[4], &first[5], &first[6]);
     // A grant's token is its log index (I2), and the line says both.
     assert_eq!((grant_a.log_index, grant_a.token), (a.fencing_token, Some(a.fencing_token)));
     assert_eq!(grant_a.lease_id.as_deref(), Some(a.lease_id.as_str()));
@@ -146,16 +152,16 @@ async fn t60_one_line_per_change_with_its_token_and_index_exactly_once_across_re
     assert_eq!(promote_c.token, Some(c_grant.fencing_token));
     assert_eq!(promote_c.holder.as_deref(), Some("test/audit-c-0001"));
     // The force-releases are at the indexes the admin API answered, with who and why.
-    let (forced_line, forced_free_line) = (&first[7], &first[8]);
+    let (forced_line, forced_free_line) = (&first[8], &first[9]);
     assert_eq!((forced_line.log_index, forced_line.token), (forced.log_index, Some(d.fencing_token)));
     assert_eq!((forced_free_line.log_index, forced_free_line.token), (forced_free.log_index, None));
     for l in [forced_line, forced_free_line] {
         assert_eq!((l.caller.as_deref(), l.reason.as_deref()), (Some("alice"), Some("stuck job, ticket OPS-7")));
     }
-    assert_eq!((first[10].token, first[10].lease_id.as_deref()), (Some(e.fencing_token), Some(e.lease_id.as_str())));
-    assert_eq!(first[11].token, Some(f.fencing_token));
-    assert_eq!(first[13].request_id.as_deref(), Some("audit-g-0001"));
-    assert_eq!(first[14].token, Some(c_grant.fencing_token));
+    assert_eq!((first[11].token, first[11].lease_id.as_deref()), (Some(e.fencing_token), Some(e.lease_id.as_str())));
+    assert_eq!(first[12].token, Some(f.fencing_token));
+    assert_eq!(first[14].request_id.as_deref(), Some("audit-g-0001"));
+    assert_eq!(first[15].token, Some(c_grant.fencing_token));
 
     // The state file is lost (the worst case of a crash before a durable
     // commit): every entry is applied again from the log. Not one line may

@@ -142,6 +142,18 @@ fn detail(r: &AuditRecord) -> String {
     if let Some(l) = r.learners.as_ref().filter(|l| !l.is_empty()) {
         parts.push(format!("learners={l:?}"));
     }
+    if let Some(k) = &r.key_id {
+        parts.push(format!("key={k}"));
+    }
+    if let Some(n) = r.key_node {
+        parts.push(format!("node={n}"));
+    }
+    if let Some(ms) = r.not_before_unix_ms {
+        parts.push(format!("not_before={ms}"));
+    }
+    if let Some(ms) = r.not_after_unix_ms {
+        parts.push(format!("not_after={ms}"));
+    }
     parts.join(" ")
 }
 

@@ -4,7 +4,9 @@
 //! 1. Acquire the lock (retries with one request id, like `fencer acquire`).
 //!    Not acquired → exit 203 without running anything.
 //! 2. Start the command in its own process group with `FENCER_RESOURCE`,
-//!    `FENCER_TOKEN` and `FENCER_LEASE_ID` in its environment. The lease
+//!    `FENCER_TOKEN`, `FENCER_LEASE_ID` and `FENCER_SIGNED_TOKEN` (the
+//!    coordinator's signed token, empty if the grant carried none) in its
+//!    environment. The lease
 //!    renews itself meanwhile.
 //! 3. If the lease stays Uncertain longer than `--term-grace` (default
 //!    ttl/6), send SIGTERM to the group; if it is still running
@@ -140,6 +142,7 @@ pub(crate) async fn run(args: ExecArgs) -> anyhow::Result<ExitCode> {
         .env("FENCER_RESOURCE", lease.resource())
         .env("FENCER_TOKEN", lease.token().to_string())
         .env("FENCER_LEASE_ID", lease.lease_id().as_str())
+        .env("FENCER_SIGNED_TOKEN", lease.signed_token().unwrap_or_default())
         // Its own group, so that signals reach everything it starts.
         .process_group(0);
     let child = match command.spawn() {

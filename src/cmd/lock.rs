@@ -228,6 +228,7 @@ pub(crate) async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
                     "expires_at_unix_ms": g.expires_at_unix_ms,
                     "waited": g.waited,
                     "request_id": g.request_id,
+                    "signed_token": g.signed_token,
                 }),
             )?;
             Ok(ExitCode::SUCCESS)

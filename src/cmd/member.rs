@@ -45,7 +45,7 @@ enum Step {
 
 /// Finds the leader's status through the endpoints (asking the leader a
 /// follower names, too).
-async fn leader(client: &Client) -> Result<StatusResponse, String> {
+pub(crate) async fn leader(client: &Client) -> Result<StatusResponse, String> {
     let mut last = String::from("no endpoint answered");
     for ep in client.endpoints() {
         match client.node_status(ep).await {

@@ -6,6 +6,7 @@ pub(crate) mod completions;
 pub(crate) mod coordinator;
 pub(crate) mod dev;
 pub(crate) mod exec;
+pub(crate) mod keys;
 pub(crate) mod lock;
 pub(crate) mod log_level;
 pub(crate) mod member;

@@ -17,7 +17,7 @@ use crate::output::{OutputFormat, print_json, print_table};
 #[derive(Debug, clap::Args)]
 pub(crate) struct ProxyArgs {
     /// Full configuration file (routes, limits, timeouts); see docs/proxy.md.
-    #[arg(long, env = "FENCER_PROXY_CONFIG", conflicts_with_all = ["listen", "upstream", "resource", "data_dir", "read_routes"])]
+    #[arg(long, env = "FENCER_PROXY_CONFIG", conflicts_with_all = ["listen", "upstream", "resource", "data_dir", "read_routes", "signing_keys"])]
     config: Option<PathBuf>,
 
     /// Address clients connect to, e.g. 127.0.0.1:8087.
@@ -49,6 +49,12 @@ pub(crate) struct ProxyArgs {
     /// repeatable. Every other route is a write (P5: default deny).
     #[arg(long = "read-route", value_name = "METHOD:PATH")]
     read_routes: Vec<String>,
+
+    /// Accept only tokens signed by the coordinator (P7): the key-set file
+    /// `fencer keys export` writes (simple form of `[signing]`; plain tokens
+    /// are refused). Reload it with SIGHUP.
+    #[arg(long, env = "FENCER_PROXY_SIGNING_KEYS", value_name = "FILE")]
+    signing_keys: Option<PathBuf>,
 
     /// Validate the configuration and the files it names (signing keys, TLS
     /// certificates), print the routes, and exit.
@@ -116,6 +122,13 @@ fn load_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
             })?
         }
     };
+    if let Some(keys_file) = &args.signing_keys {
+        config.signing = Some(fencer_proxy::SigningConfig {
+            keys_file: keys_file.clone(),
+            require_signed: true,
+            clock_skew: fencer_token::DEFAULT_CLOCK_SKEW,
+        });
+    }
     if let Some(admin) = args.admin {
         config.admin = admin;
     }

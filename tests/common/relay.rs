@@ -30,8 +30,10 @@ use fencer_proto::v1::lock_client::LockClient;
 use fencer_proto::v1::lock_server::{Lock, LockServer};
 use fencer_proto::v1::{
     AcquireRequest, AcquireResponse, AddLearnerRequest, ChangeMembershipRequest, ForceReleaseRequest,
-    ForceReleaseResponse, GetLockRequest, GetLockResponse, ListLocksRequest, ListLocksResponse, MembershipResponse,
-    ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, StatusRequest, StatusResponse,
+    ForceReleaseResponse, GetLockRequest, GetLockResponse, ListLocksRequest, ListLocksResponse, ListSigningKeysRequest,
+    ListSigningKeysResponse, MembershipResponse, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse,
+    RetireSigningKeyRequest, RetireSigningKeyResponse, RotateSigningKeyRequest, RotateSigningKeyResponse,
+    StatusRequest, StatusResponse,
 };
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
@@ -270,6 +272,11 @@ impl Raft for Forward {
         let req = req.into_inner();
         self.raft_call(req.from, |mut c| async move { c.hello(req).await }).await
     }
+
+    async fn register_signing_key(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let req = req.into_inner();
+        self.raft_call(req.from, |mut c| async move { c.register_signing_key(req).await }).await
+    }
 }
 
 #[tonic::async_trait]
@@ -349,5 +356,26 @@ impl Admin for Forward {
         req: Request<ChangeMembershipRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
         self.admin.clone().change_membership(req.into_inner()).await
+    }
+
+    async fn list_signing_keys(
+        &self,
+        req: Request<ListSigningKeysRequest>,
+    ) -> Result<Response<ListSigningKeysResponse>, Status> {
+        self.admin.clone().list_signing_keys(req.into_inner()).await
+    }
+
+    async fn rotate_signing_key(
+        &self,
+        req: Request<RotateSigningKeyRequest>,
+    ) -> Result<Response<RotateSigningKeyResponse>, Status> {
+        self.admin.clone().rotate_signing_key(req.into_inner()).await
+    }
+
+    async fn retire_signing_key(
+        &self,
+        req: Request<RetireSigningKeyRequest>,
+    ) -> Result<Response<RetireSigningKeyResponse>, Status> {
+        self.admin.clone().retire_signing_key(req.into_inner()).await
     }
 }

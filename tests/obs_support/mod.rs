@@ -40,6 +40,14 @@ impl Stack {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        // Its signing key registered (an audited entry), so tests measure
+        // from a quiet node.
+        for _ in 0..500 {
+            if !node.state().signing_keys().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let upstream = TestUpstream::start().await.unwrap();
         let proxy_dir = tempfile::tempdir().unwrap();
         let text = format!(

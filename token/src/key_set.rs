@@ -1,5 +1,5 @@
 //! The public key-set file proxies read, `{"keys":[…]}`: what the
-//! coordinator exports (`fencer keys -o json`) and each proxy loads.
+//! coordinator exports (`fencer keys export`) and each proxy loads.
 
 use std::collections::HashSet;
 use std::fmt;

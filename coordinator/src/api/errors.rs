@@ -25,6 +25,8 @@ pub fn grpc_code(e: &LockError) -> Code {
         | LockError::Unknown(_)
         | LockError::LeaderChanged
         | LockError::ShuttingDown => Code::Unavailable,
+        LockError::UnknownSigningKey(_) => Code::NotFound,
+        LockError::SigningKeyRefused(_) => Code::FailedPrecondition,
         LockError::Internal(_) => Code::Internal,
         LockError::Unauthenticated(_) => Code::Unauthenticated,
         LockError::PermissionDenied { .. } => Code::PermissionDenied,
@@ -45,6 +47,8 @@ pub fn http_status(e: &LockError) -> u16 {
         | LockError::Unknown(_)
         | LockError::LeaderChanged
         | LockError::ShuttingDown => 503,
+        LockError::UnknownSigningKey(_) => 404,
+        LockError::SigningKeyRefused(_) => 412,
         LockError::Internal(_) => 500,
         LockError::Unauthenticated(_) => 401,
         LockError::PermissionDenied { .. } => 403,

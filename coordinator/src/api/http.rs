@@ -9,6 +9,8 @@
 //! | GET | `/v1/locks/{resource}` | |
 //! | GET | `/v1/locks` | `?prefix=&page_size=&page_token=` |
 //! | POST | `/v1/admin/force-release` | `{resource, caller?, reason?}` |
+//! | GET | `/v1/admin/signing-keys` | the registered signing keys (`fencer keys list -o json`) |
+//! | GET | `/v1/admin/signing-keys/key-set` | the proxy key-set file (`fencer keys export`) |
 //! | *status routes* | | |
 //! | GET | `/metrics` | Prometheus text |
 //! | GET | `/livez` | 200 while raft runs and the files are writable |
@@ -76,6 +78,8 @@ pub(crate) fn router(svc: LockService, metrics: Arc<Metrics>, auth: Authenticato
         .route("/v1/locks", get(list))
         .route("/v1/locks/{*resource}", get(get_lock))
         .route("/v1/admin/force-release", post(force_release))
+        .route("/v1/admin/signing-keys", get(signing_keys))
+        .route("/v1/admin/signing-keys/key-set", get(key_set))
         .with_state(HttpState { svc: svc.clone(), metrics: metrics.clone(), auth: auth.clone() })
         .merge(status_router(svc, metrics, auth))
 }
@@ -161,6 +165,7 @@ async fn acquire(State(s): State<HttpState>, Who(who): Who, Json(b): Json<Acquir
             "expires_at_unix_ms": g.expires_at_unix_ms,
             "waited": g.grant.waited,
             "request_id": g.request_id.as_str(),
+            "signed_token": g.signed_token,
         })
     }))
 }
@@ -266,6 +271,21 @@ async fn force_release(State(s): State<HttpState>, Who(who): Who, Json(b): Json<
             "log_index": r.log_index,
         })
     }))
+}
+
+async fn signing_keys(State(s): State<HttpState>) -> Response {
+    reply(s.svc.signing_keys().await.map(|(keys, now)| json!({ "keys": keys, "now_unix_ms": now })))
+}
+
+/// Exactly the `fencer_token::KeySet` file proxies load.
+async fn key_set(State(s): State<HttpState>) -> Response {
+    match s.svc.signing_keys().await {
+        Ok((keys, _)) => match crate::signing::key_set(&keys) {
+            Ok(set) => ([(header::CONTENT_TYPE, "application/json")], set.to_json()).into_response(),
+            Err(e) => error_response(&LockError::Internal(e)),
+        },
+        Err(e) => error_response(&e),
+    }
 }
 
 async fn metrics_text(State(s): State<HttpState>) -> Response {

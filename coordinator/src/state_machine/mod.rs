@@ -13,7 +13,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{AuditText, FencingToken, Holder, LeaseId, RequestId, ResourceName};
+use fencer_token::{KeyId, MAX_KEYS, PublicKey};
+
+use crate::types::{AuditText, FencingToken, Holder, LeaseId, NodeId, RequestId, ResourceName};
 
 #[cfg(test)]
 mod model_tests;
@@ -124,6 +126,27 @@ pub enum Command {
         /// The tenant's limits, from the leader's tenants file.
         quota: Quota,
     },
+    /// Make a node's token-signing public key known to the cluster (DESIGN
+    /// P7). The secret half never leaves the node that made it; a leader
+    /// signs only with a key of its own registered here.
+    RegisterSigningKey {
+        /// The key id tokens name (`kid`).
+        kid: KeyId,
+        /// The node that holds the secret key.
+        node_id: NodeId,
+        /// The Ed25519 public key.
+        public_key: [u8; 32],
+        /// Start of validity, Unix milliseconds (chosen by the node that made it).
+        not_before_unix_ms: u64,
+    },
+    /// End a signing key's validity at `not_after_unix_ms` (exclusive).
+    /// Only ever moves the end earlier.
+    RetireSigningKey {
+        /// The key.
+        kid: KeyId,
+        /// End of validity, Unix milliseconds.
+        not_after_unix_ms: u64,
+    },
 }
 
 /// A tenant's limits as carried in an [`Command::AcquireInQuota`].
@@ -167,6 +190,8 @@ impl Command {
             Self::CancelWait { .. } => "cancel_wait",
             Self::ForceRelease { .. } => "force_release",
             Self::PruneDedup { .. } => "prune_dedup",
+            Self::RegisterSigningKey { .. } => "register_signing_key",
+            Self::RetireSigningKey { .. } => "retire_signing_key",
         }
     }
 
@@ -180,7 +205,7 @@ impl Command {
             | Self::Expire { resource, .. }
             | Self::CancelWait { resource, .. }
             | Self::ForceRelease { resource, .. } => Some(resource),
-            Self::PruneDedup { .. } => None,
+            Self::PruneDedup { .. } | Self::RegisterSigningKey { .. } | Self::RetireSigningKey { .. } => None,
         }
     }
 }
@@ -291,6 +316,98 @@ pub enum Outcome {
     },
     /// A blank or membership entry.
     Noop,
+    /// Result of a RegisterSigningKey or RetireSigningKey command.
+    SigningKey(KeyChange),
+}
+
+/// What a signing-key command did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KeyChange {
+    /// The key is now registered.
+    Registered,
+    /// The same key (id, node and public key) was registered already: nothing changed.
+    AlreadyRegistered,
+    /// The key's validity now ends at this time (the earlier of the old and new end).
+    Retired {
+        /// End of validity, Unix milliseconds (exclusive).
+        not_after_unix_ms: u64,
+    },
+    /// Nothing changed, for this reason.
+    Refused(KeyRefusal),
+}
+
+/// Why a signing-key command changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KeyRefusal {
+    /// Another key (other node or other public key) has this id.
+    KeyIdTaken,
+    /// The public key is not a valid, strong Ed25519 point.
+    WeakPublicKey,
+    /// The cluster holds [`MAX_KEYS`] keys already (a proxy key set holds no more).
+    TooManyKeys,
+    /// No key has this id.
+    UnknownKey,
+    /// The end would not be after the key's start.
+    EmptyWindow {
+        /// The key's start.
+        not_before_unix_ms: u64,
+    },
+}
+
+impl std::fmt::Display for KeyRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::KeyIdTaken => f.write_str("another signing key already has this key id"),
+            Self::WeakPublicKey => f.write_str("the public key is not a valid, strong Ed25519 key"),
+            Self::TooManyKeys => {
+                write!(f, "the cluster holds {MAX_KEYS} signing keys already (a proxy key set holds no more)")
+            }
+            Self::UnknownKey => f.write_str("no signing key has this key id"),
+            Self::EmptyWindow { not_before_unix_ms } => {
+                write!(f, "the key is valid only from {not_before_unix_ms} (Unix ms); its end must be after that")
+            }
+        }
+    }
+}
+
+/// A token-signing public key the cluster knows (DESIGN P7), as replicated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SigningKeyRecord {
+    /// The node that holds the secret key and signs with it.
+    pub node_id: NodeId,
+    /// The Ed25519 public key.
+    pub public_key: [u8; 32],
+    /// Start of validity, Unix milliseconds.
+    pub not_before_unix_ms: u64,
+    /// End of validity (exclusive), Unix milliseconds; `None`: no end yet.
+    pub not_after_unix_ms: Option<u64>,
+    /// Index of the entry that registered it.
+    pub registered_index: u64,
+    /// Leader wall time of that entry.
+    pub registered_at_ms: u64,
+}
+
+impl SigningKeyRecord {
+    /// Whether a token issued at `at_ms` may be signed with this key: inside
+    /// `[not_before, not_after)`.
+    pub fn valid_at(&self, at_ms: u64) -> bool {
+        self.not_before_unix_ms <= at_ms && self.not_after_unix_ms.is_none_or(|end| at_ms < end)
+    }
+}
+
+/// The key a node signs with at `now_ms`: among the keys of `node_id` in
+/// `keys` that are valid now and pass `usable` (the node holds its secret),
+/// the one that became valid last (ties: the larger key id). Every node and
+/// `fencer keys list` choose the same way.
+pub fn current_signing_key(
+    keys: &BTreeMap<KeyId, SigningKeyRecord>,
+    node_id: NodeId,
+    now_ms: u64,
+    mut usable: impl FnMut(&KeyId) -> bool,
+) -> Option<(&KeyId, &SigningKeyRecord)> {
+    keys.iter()
+        .filter(|(kid, k)| k.node_id == node_id && k.valid_at(now_ms) && usable(kid))
+        .max_by(|(ka, a), (kb, b)| a.not_before_unix_ms.cmp(&b.not_before_unix_ms).then_with(|| ka.cmp(kb)))
 }
 
 impl Outcome {
@@ -318,6 +435,10 @@ impl Outcome {
             Self::ForceReleased { released_token: None } => "force-release of a free lock",
             Self::Pruned { .. } => "pruned",
             Self::Noop => "noop",
+            Self::SigningKey(KeyChange::Registered) => "signing key registered",
+            Self::SigningKey(KeyChange::AlreadyRegistered) => "signing key already registered",
+            Self::SigningKey(KeyChange::Retired { .. }) => "signing key retired",
+            Self::SigningKey(KeyChange::Refused(_)) => "signing key change refused",
         }
     }
 }
@@ -528,6 +649,20 @@ pub enum Event {
         /// The request.
         request_id: RequestId,
     },
+    /// A signing key was registered.
+    SigningKeyRegistered {
+        /// The key id.
+        kid: KeyId,
+        /// The record now in the state.
+        key: SigningKeyRecord,
+    },
+    /// A signing key's end of validity was set or moved earlier.
+    SigningKeyRetired {
+        /// The key id.
+        kid: KeyId,
+        /// The record now in the state.
+        key: SigningKeyRecord,
+    },
     /// A queued request left the queue without being granted.
     WaiterCancelled {
         /// The lock.
@@ -554,6 +689,8 @@ pub struct Changes {
     pub ended_put: BTreeSet<LeaseId>,
     /// Ended-lease keys removed.
     pub ended_del: BTreeSet<LeaseId>,
+    /// Signing keys registered or changed.
+    pub signing_keys: BTreeSet<KeyId>,
 }
 
 impl Changes {
@@ -564,6 +701,7 @@ impl Changes {
             && self.dedup_del.is_empty()
             && self.ended_put.is_empty()
             && self.ended_del.is_empty()
+            && self.signing_keys.is_empty()
     }
 }
 
@@ -582,6 +720,9 @@ pub struct LockState {
     resources: BTreeMap<ResourceName, ResourceState>,
     dedup: HashMap<RequestId, DedupRecord>,
     ended: HashMap<LeaseId, EndedLease>,
+    /// Token-signing public keys (DESIGN P7), by key id.
+    #[serde(default)]
+    signing_keys: BTreeMap<KeyId, SigningKeyRecord>,
     /// Total queued requests over all resources.
     waiter_count: u64,
     /// Total held locks.
@@ -604,7 +745,26 @@ impl LockState {
     ) -> Self {
         let lock_count = resources.values().filter(|r| r.lock.is_some()).count() as u64;
         let waiter_count = resources.values().map(|r| r.waiters.len() as u64).sum();
-        Self { resources, dedup, ended, waiter_count, lock_count, changes: Changes::default() }
+        Self {
+            resources,
+            dedup,
+            ended,
+            signing_keys: BTreeMap::new(),
+            waiter_count,
+            lock_count,
+            changes: Changes::default(),
+        }
+    }
+
+    /// The same state with these signing keys (rebuilding a persisted state).
+    pub fn with_signing_keys(mut self, keys: BTreeMap<KeyId, SigningKeyRecord>) -> Self {
+        self.signing_keys = keys;
+        self
+    }
+
+    /// The registered signing keys, by key id.
+    pub fn signing_keys(&self) -> &BTreeMap<KeyId, SigningKeyRecord> {
+        &self.signing_keys
     }
 
     /// Lock and queue of one resource.
@@ -707,6 +867,12 @@ impl LockState {
                 Outcome::ForceReleased { released_token: token }
             }
             Command::PruneDedup { older_than_ms } => self.prune(*older_than_ms),
+            Command::RegisterSigningKey { kid, node_id, public_key, not_before_unix_ms } => Outcome::SigningKey(
+                self.register_key(index, at_ms, kid, *node_id, public_key, *not_before_unix_ms, &mut events),
+            ),
+            Command::RetireSigningKey { kid, not_after_unix_ms } => {
+                Outcome::SigningKey(self.retire_key(kid, *not_after_unix_ms, &mut events))
+            }
         };
         Applied { outcome, events }
     }
@@ -1037,6 +1203,62 @@ impl LockState {
             })),
             _ => Outcome::WaitCancel(CancelOutcome::NotWaiting),
         }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn register_key(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        kid: &KeyId,
+        node_id: NodeId,
+        public_key: &[u8; 32],
+        not_before_unix_ms: u64,
+        events: &mut Vec<Event>,
+    ) -> KeyChange {
+        if let Some(existing) = self.signing_keys.get(kid) {
+            return if existing.node_id == node_id && existing.public_key == *public_key {
+                KeyChange::AlreadyRegistered
+            } else {
+                KeyChange::Refused(KeyRefusal::KeyIdTaken)
+            };
+        }
+        // Deterministic: the same bytes give the same answer on every node.
+        if PublicKey::from_bytes(public_key).is_err() {
+            return KeyChange::Refused(KeyRefusal::WeakPublicKey);
+        }
+        if self.signing_keys.len() >= MAX_KEYS {
+            return KeyChange::Refused(KeyRefusal::TooManyKeys);
+        }
+        let key = SigningKeyRecord {
+            node_id,
+            public_key: *public_key,
+            not_before_unix_ms,
+            not_after_unix_ms: None,
+            registered_index: index,
+            registered_at_ms: at_ms,
+        };
+        self.signing_keys.insert(kid.clone(), key.clone());
+        self.changes.signing_keys.insert(kid.clone());
+        events.push(Event::SigningKeyRegistered { kid: kid.clone(), key });
+        KeyChange::Registered
+    }
+
+    fn retire_key(&mut self, kid: &KeyId, not_after_unix_ms: u64, events: &mut Vec<Event>) -> KeyChange {
+        let Some(key) = self.signing_keys.get_mut(kid) else {
+            return KeyChange::Refused(KeyRefusal::UnknownKey);
+        };
+        if not_after_unix_ms <= key.not_before_unix_ms {
+            return KeyChange::Refused(KeyRefusal::EmptyWindow { not_before_unix_ms: key.not_before_unix_ms });
+        }
+        // The end only ever moves earlier: a retired key never comes back.
+        let end = key.not_after_unix_ms.map_or(not_after_unix_ms, |old| old.min(not_after_unix_ms));
+        if key.not_after_unix_ms != Some(end) {
+            key.not_after_unix_ms = Some(end);
+            self.changes.signing_keys.insert(kid.clone());
+            events.push(Event::SigningKeyRetired { kid: kid.clone(), key: key.clone() });
+        }
+        KeyChange::Retired { not_after_unix_ms: end }
     }
 
     fn prune(&mut self, older_than_ms: u64) -> Outcome {

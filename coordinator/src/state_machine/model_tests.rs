@@ -174,7 +174,9 @@ impl Model {
                 };
                 self.step(index, &plain)
             }
-            Command::PruneDedup { .. } => unreachable!("not generated for the model"),
+            Command::PruneDedup { .. } | Command::RegisterSigningKey { .. } | Command::RetireSigningKey { .. } => {
+                unreachable!("not generated for the model")
+            }
         }
     }
 
@@ -505,4 +507,195 @@ fn a_promoted_request_keeps_its_record_for_the_retention_after_its_promotion() {
     assert!(sm.dedup(&req(1)).is_none());
     let out = sm.apply(5, &acq(2, true, 10_002, 99)).outcome;
     assert!(matches!(out, Outcome::Granted(Grant { token: FencingToken(3), waited: true, .. })), "{out:?}");
+}
+
+mod signing_keys {
+    //! RegisterSigningKey and RetireSigningKey (DESIGN P7): the rules, and
+    //! that every replica applying the same entries holds the same keys.
+
+    use fencer_token::{KeyId, Signer};
+
+    use super::*;
+
+    fn kid(s: &str) -> KeyId {
+        KeyId::new(s).unwrap()
+    }
+
+    fn public(seed: u8) -> [u8; 32] {
+        Signer::from_secret_bytes(kid("k"), &[seed; 32]).public_key().to_bytes()
+    }
+
+    fn register(k: &str, node: u64, seed: u8, not_before: u64) -> LogCommand {
+        LogCommand {
+            at_ms: 1_000,
+            cmd: Command::RegisterSigningKey {
+                kid: kid(k),
+                node_id: node,
+                public_key: public(seed),
+                not_before_unix_ms: not_before,
+            },
+        }
+    }
+
+    fn retire(k: &str, not_after: u64) -> LogCommand {
+        LogCommand { at_ms: 2_000, cmd: Command::RetireSigningKey { kid: kid(k), not_after_unix_ms: not_after } }
+    }
+
+    fn change(o: Outcome) -> KeyChange {
+        match o {
+            Outcome::SigningKey(c) => c,
+            other => panic!("not a key outcome: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn register_and_retire_follow_their_rules() {
+        let mut sm = LockState::new();
+        let a = sm.apply(5, &register("n1-a", 1, 1, 100));
+        assert_eq!(change(a.outcome), KeyChange::Registered);
+        assert!(
+            matches!(&a.events[..], [Event::SigningKeyRegistered { kid: k, key }] if k.as_str() == "n1-a" && key.registered_index == 5)
+        );
+        assert_eq!(sm.take_changes().signing_keys.len(), 1, "the store persists the new key");
+
+        // A retry of the same registration (e.g. after an unknown outcome) changes nothing.
+        let again = sm.apply(6, &register("n1-a", 1, 1, 100));
+        assert_eq!(change(again.outcome), KeyChange::AlreadyRegistered);
+        assert!(again.events.is_empty());
+        // The same id for another key or another node: refused.
+        assert_eq!(
+            change(sm.apply(7, &register("n1-a", 1, 2, 100)).outcome),
+            KeyChange::Refused(KeyRefusal::KeyIdTaken)
+        );
+        assert_eq!(
+            change(sm.apply(8, &register("n1-a", 2, 1, 100)).outcome),
+            KeyChange::Refused(KeyRefusal::KeyIdTaken)
+        );
+        // A small-order public key (the identity point) is refused.
+        let mut identity = [0u8; 32];
+        identity[0] = 1;
+        let weak = LogCommand {
+            at_ms: 0,
+            cmd: Command::RegisterSigningKey {
+                kid: kid("weak"),
+                node_id: 1,
+                public_key: identity,
+                not_before_unix_ms: 0,
+            },
+        };
+        assert_eq!(change(sm.apply(9, &weak).outcome), KeyChange::Refused(KeyRefusal::WeakPublicKey));
+        assert_eq!(sm.signing_keys().len(), 1);
+
+        assert_eq!(change(sm.apply(10, &retire("nope", 500)).outcome), KeyChange::Refused(KeyRefusal::UnknownKey));
+        assert_eq!(
+            change(sm.apply(11, &retire("n1-a", 100)).outcome),
+            KeyChange::Refused(KeyRefusal::EmptyWindow { not_before_unix_ms: 100 })
+        );
+        let r = sm.apply(12, &retire("n1-a", 900));
+        assert_eq!(change(r.outcome), KeyChange::Retired { not_after_unix_ms: 900 });
+        assert!(matches!(&r.events[..], [Event::SigningKeyRetired { key, .. }] if key.not_after_unix_ms == Some(900)));
+        // The end only moves earlier: a retired key never comes back.
+        let later = sm.apply(13, &retire("n1-a", 5_000));
+        assert_eq!(change(later.outcome), KeyChange::Retired { not_after_unix_ms: 900 });
+        assert!(later.events.is_empty());
+        assert_eq!(change(sm.apply(14, &retire("n1-a", 400)).outcome), KeyChange::Retired { not_after_unix_ms: 400 });
+        let key = &sm.signing_keys()[&kid("n1-a")];
+        assert!(key.valid_at(100) && key.valid_at(399) && !key.valid_at(400) && !key.valid_at(99));
+    }
+
+    #[test]
+    fn a_key_set_never_outgrows_what_a_proxy_loads() {
+        let mut sm = LockState::new();
+        for i in 0..MAX_KEYS {
+            let c = register(&format!("k{i}"), 1, (i % 200) as u8 + 1, 0);
+            // Seeds repeat, ids do not: public keys may repeat across ids.
+            assert_eq!(change(sm.apply(i as u64 + 1, &c).outcome), KeyChange::Registered, "key {i}");
+        }
+        let one_more = sm.apply(10_000, &register("k-extra", 1, 7, 0));
+        assert_eq!(change(one_more.outcome), KeyChange::Refused(KeyRefusal::TooManyKeys));
+    }
+
+    #[test]
+    fn the_current_key_is_the_newest_valid_one_of_the_node() {
+        let mut sm = LockState::new();
+        sm.apply(1, &register("n1-old", 1, 1, 100));
+        sm.apply(2, &register("n1-new", 1, 2, 1_000));
+        sm.apply(3, &register("n2-a", 2, 3, 50));
+        sm.apply(4, &retire("n1-old", 2_000));
+        let keys = sm.signing_keys();
+        let current = |node, now| current_signing_key(keys, node, now, |_| true).map(|(k, _)| k.as_str().to_string());
+        assert_eq!(current(1, 99), None, "nothing valid yet");
+        assert_eq!(current(1, 500), Some("n1-old".into()));
+        assert_eq!(current(1, 1_000), Some("n1-new".into()), "the newer key takes over at its not_before");
+        assert_eq!(current(2, 1_000), Some("n2-a".into()));
+        assert_eq!(current(3, 1_000), None);
+        // A node signs only with keys whose secret it holds.
+        assert_eq!(
+            current_signing_key(keys, 1, 1_500, |k| k.as_str() == "n1-old").map(|(k, _)| k.as_str()),
+            Some("n1-old")
+        );
+        assert_eq!(current_signing_key(keys, 1, 2_500, |k| k.as_str() == "n1-old"), None, "retired");
+    }
+
+    #[derive(Debug, Clone)]
+    enum KeyOp {
+        Register { k: u8, node: u64, seed: u8, not_before: u64 },
+        Retire { k: u8, not_after: u64 },
+        Lock(Op),
+    }
+
+    fn key_op() -> impl Strategy<Value = KeyOp> {
+        prop_oneof![
+            2 => (0u8..4, 1u64..3, 1u8..4, 0u64..1_000).prop_map(|(k, node, seed, not_before)| KeyOp::Register { k, node, seed, not_before }),
+            2 => (0u8..5, 0u64..2_000).prop_map(|(k, not_after)| KeyOp::Retire { k, not_after }),
+            3 => op().prop_map(KeyOp::Lock),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Two replicas applying the same entries agree on every outcome and
+        /// on the whole state; key commands never touch a lock; a key's end
+        /// only ever moves earlier and always stays after its start.
+        #[test]
+        fn key_commands_are_deterministic_and_leave_locks_alone(ops in proptest::collection::vec(key_op(), 1..80)) {
+            let (mut a, mut b) = (LockState::new(), LockState::new());
+            let mut issued = Vec::new();
+            for (i, op) in ops.iter().enumerate() {
+                let index = i as u64 + 1;
+                let cmd = match op {
+                    KeyOp::Register { k, node, seed, not_before } => register(&format!("k{k}"), *node, *seed, *not_before).cmd,
+                    KeyOp::Retire { k, not_after } => retire(&format!("k{k}"), *not_after).cmd,
+                    KeyOp::Lock(op) => resolve(op, &a, &issued, index),
+                };
+                let entry = LogCommand { at_ms: 1_000 + index, cmd };
+                let before = a.clone();
+                let (ra, rb) = (a.apply(index, &entry), b.apply(index, &entry));
+                prop_assert_eq!(&ra, &rb);
+                prop_assert_eq!(&a, &b);
+                for e in &ra.events {
+                    if let Event::LeaseStarted { lease_id, .. } = e {
+                        issued.push(*lease_id);
+                    }
+                }
+                if matches!(op, KeyOp::Register { .. } | KeyOp::Retire { .. }) {
+                    prop_assert_eq!(before.resources(), a.resources());
+                    prop_assert_eq!(before.dedup_records(), a.dedup_records());
+                    for (kid, old) in before.signing_keys() {
+                        let new = &a.signing_keys()[kid];
+                        prop_assert_eq!((old.node_id, old.public_key, old.not_before_unix_ms), (new.node_id, new.public_key, new.not_before_unix_ms));
+                        if let Some(old_end) = old.not_after_unix_ms {
+                            prop_assert!(new.not_after_unix_ms.is_some_and(|e| e <= old_end), "an end moved later");
+                        }
+                    }
+                } else {
+                    prop_assert_eq!(before.signing_keys(), a.signing_keys());
+                }
+                for k in a.signing_keys().values() {
+                    prop_assert!(k.not_after_unix_ms.is_none_or(|e| e > k.not_before_unix_ms), "empty window");
+                }
+            }
+        }
+    }
 }

@@ -39,6 +39,7 @@ use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::state_machine::{Applied, Changes, LockState, LogCommand, Outcome};
 use crate::types::{LeaseId, RequestId, ResourceName, TypeConfig};
+use fencer_token::KeyId;
 
 type LogIdT = LogId<openraft::alias::CommittedLeaderIdOf<TypeConfig>>;
 type Membership = StoredMembership<openraft::alias::CommittedLeaderIdOf<TypeConfig>, u64, openraft::BasicNode>;
@@ -49,10 +50,16 @@ const RESOURCES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("resour
 const DEDUP: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("dedup");
 const ENDED: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("ended");
 const SM_META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("sm_meta");
+/// Token-signing public keys by key id (DESIGN P7); added in snapshot format 3.
+const SIGNING_KEYS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("signing_keys");
 
 const KEY_APPLIED: &str = "applied";
 const KEY_MEMBERSHIP: &str = "membership";
-const SNAPSHOT_FORMAT: u32 = 2;
+/// The snapshot format written: 3 added the signing keys. Format 2 files
+/// and bodies (no signing keys) are still read.
+const SNAPSHOT_FORMAT: u32 = 3;
+/// The previous format, still accepted.
+const SNAPSHOT_FORMAT_V2: u32 = 2;
 /// redb's page cache for the state file (its default is 1 GiB). The state is
 /// served from memory; redb's cache only speeds up batch commits.
 pub(crate) const STATE_CACHE_BYTES: usize = 16 << 20;
@@ -156,6 +163,7 @@ impl StateMachineStore {
             w.open_table(DEDUP).map_err(|e| io_err("open dedup", e))?;
             w.open_table(ENDED).map_err(|e| io_err("open ended", e))?;
             w.open_table(SM_META).map_err(|e| io_err("open sm_meta", e))?;
+            w.open_table(SIGNING_KEYS).map_err(|e| io_err("open signing_keys", e))?;
             w.commit().map_err(|e| io_err("commit", e))?;
         }
         let (state, applied, membership) = load(&db)?;
@@ -242,12 +250,65 @@ impl Shared {
     }
 }
 
-/// The three state tables, values still encoded: what a snapshot carries.
+/// The state tables, values still encoded: what a snapshot carries
+/// (format 3; format 2 lacked `signing_keys`).
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct TableDump {
     resources: Vec<(String, Vec<u8>)>,
     dedup: Vec<(String, Vec<u8>)>,
     ended: Vec<(u128, Vec<u8>)>,
+    signing_keys: Vec<(String, Vec<u8>)>,
+}
+
+/// A format-2 snapshot body: the tables before signing keys existed.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct TableDumpV2 {
+    resources: Vec<(String, Vec<u8>)>,
+    dedup: Vec<(String, Vec<u8>)>,
+    ended: Vec<(u128, Vec<u8>)>,
+}
+
+impl TableDump {
+    /// Decodes a snapshot body of format `format` (3 or 2).
+    fn decode_format(bytes: &[u8], format: u32) -> io::Result<Self> {
+        match format {
+            SNAPSHOT_FORMAT => exact(bytes, "snapshot"),
+            SNAPSHOT_FORMAT_V2 => {
+                let v2: TableDumpV2 = exact(bytes, "format-2 snapshot")?;
+                Ok(Self { resources: v2.resources, dedup: v2.dedup, ended: v2.ended, signing_keys: Vec::new() })
+            }
+            other => Err(io_err("snapshot", format!("unknown snapshot format {other}"))),
+        }
+    }
+
+    /// Decodes a snapshot body received from a leader, which carries no
+    /// format number: format 3, else format 2 (a leader not upgraded yet).
+    /// A format-2 body is exactly the first three lists, so it never decodes
+    /// as format 3 (the fourth list is missing), and a format-3 body never
+    /// decodes exactly as format 2 (bytes would be left over).
+    /// Returns the dump and the format it was in.
+    fn decode_any(bytes: &[u8]) -> io::Result<(Self, u32)> {
+        match Self::decode_format(bytes, SNAPSHOT_FORMAT) {
+            Ok(dump) => Ok((dump, SNAPSHOT_FORMAT)),
+            Err(e3) => Self::decode_format(bytes, SNAPSHOT_FORMAT_V2)
+                .map(|dump| (dump, SNAPSHOT_FORMAT_V2))
+                .map_err(|e2| io_err("snapshot", format!("neither format 3 ({e3}) nor format 2 ({e2})"))),
+        }
+    }
+}
+
+/// Decodes a postcard value that must use every byte.
+fn exact<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> io::Result<T> {
+    let (value, rest) = postcard::take_from_bytes(bytes).map_err(|e| {
+        io::Error::new(io::ErrorKind::InvalidData, format!("decode {what}: {e} ({} bytes)", bytes.len()))
+    })?;
+    if !rest.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("decode {what}: {} bytes left over", rest.len()),
+        ));
+    }
+    Ok(value)
 }
 
 /// Reads every state table from one consistent read transaction.
@@ -264,6 +325,10 @@ fn dump_tables(r: &redb::ReadTransaction) -> io::Result<TableDump> {
     for item in r.open_table(ENDED).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
         let (k, v) = item.map_err(|e| io_err("read ended", e))?;
         dump.ended.push((k.value(), v.value().to_vec()));
+    }
+    for item in r.open_table(SIGNING_KEYS).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
+        let (k, v) = item.map_err(|e| io_err("read signing_keys", e))?;
+        dump.signing_keys.push((k.value().to_string(), v.value().to_vec()));
     }
     Ok(dump)
 }
@@ -284,7 +349,12 @@ fn state_from_dump(dump: &TableDump) -> io::Result<LockState> {
     for (k, v) in &dump.ended {
         ended.insert(LeaseId::from_u128(*k), decode(v, "ended lease")?);
     }
-    Ok(LockState::from_parts(resources, dedup, ended))
+    let mut keys = BTreeMap::new();
+    for (k, v) in &dump.signing_keys {
+        let kid = KeyId::new(k.as_str()).map_err(|e| io_err("stored signing key id", e))?;
+        keys.insert(kid, decode(v, "signing key")?);
+    }
+    Ok(LockState::from_parts(resources, dedup, ended).with_signing_keys(keys))
 }
 
 fn load(db: &Database) -> io::Result<(LockState, Option<LogIdT>, Membership)> {
@@ -308,6 +378,7 @@ struct Writes {
     resources: Vec<(String, Option<Vec<u8>>)>,
     dedup: Vec<(String, Option<Vec<u8>>)>,
     ended: Vec<(u128, Option<Vec<u8>>)>,
+    signing_keys: Vec<(String, Option<Vec<u8>>)>,
 }
 
 fn gather(state: &LockState, changes: Changes) -> io::Result<Writes> {
@@ -329,6 +400,10 @@ fn gather(state: &LockState, changes: Changes) -> io::Result<Writes> {
     }
     for id in changes.ended_del {
         w.ended.push((id.to_u128(), None));
+    }
+    for kid in changes.signing_keys {
+        let value = state.signing_keys().get(&kid).map(encode).transpose()?;
+        w.signing_keys.push((kid.as_str().to_string(), value));
     }
     Ok(w)
 }
@@ -363,6 +438,16 @@ fn write_changes(
             None => t.remove(*k).map(|_| ()),
         }
         .map_err(|e| io_err("write ended", e))?;
+    }
+    if !writes.signing_keys.is_empty() {
+        let mut t = tx.open_table(SIGNING_KEYS).map_err(|e| io_err("open", e))?;
+        for (k, v) in &writes.signing_keys {
+            match v {
+                Some(v) => t.insert(k.as_str(), v.as_slice()).map(|_| ()),
+                None => t.remove(k.as_str()).map(|_| ()),
+            }
+            .map_err(|e| io_err("write signing key", e))?;
+        }
     }
     let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
     t.insert(KEY_APPLIED, encode(applied)?.as_slice()).map_err(|e| io_err("write applied", e))?;
@@ -542,6 +627,11 @@ impl Persister {
             for (k, v) in &dump.ended {
                 t.insert(*k, v.as_slice()).map_err(|e| io_err("write ended", e))?;
             }
+            let mut t = tx.open_table(SIGNING_KEYS).map_err(|e| io_err("open", e))?;
+            t.retain(|_, _| false).map_err(|e| io_err("clear signing_keys", e))?;
+            for (k, v) in &dump.signing_keys {
+                t.insert(k.as_str(), v.as_slice()).map_err(|e| io_err("write signing key", e))?;
+            }
             let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
             match &meta.last_log_id {
                 Some(l) => t.insert(KEY_APPLIED, encode(l)?.as_slice()).map(|_| ()),
@@ -698,10 +788,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let len =
                 bytes.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize).ok_or_else(damaged)?;
             let header: SnapshotHeader = decode(bytes.get(4..4 + len).ok_or_else(damaged)?, "snapshot header")?;
-            if header.format != SNAPSHOT_FORMAT {
-                return Err(io_err("snapshot", format!("unknown format {} in {}", header.format, path.display())));
-            }
             let state = bytes.split_off(4 + len);
+            let state = match header.format {
+                SNAPSHOT_FORMAT => state,
+                // An older file: re-encode its body in today's format, so
+                // every body this store hands out is format 3.
+                SNAPSHOT_FORMAT_V2 => encode(&TableDump::decode_format(&state, SNAPSHOT_FORMAT_V2)?)?,
+                other => {
+                    return Err(io_err("snapshot", format!("unknown format {other} in {}", path.display())));
+                }
+            };
             Ok(Some(Snapshot { meta: header.meta, snapshot: Cursor::new(state) }))
         })
         .await
@@ -797,9 +893,11 @@ async fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Res
     let dir = shared.snapshot_dir.clone();
     let file_meta = meta.clone();
     let (dump, new_state) = tokio::task::spawn_blocking(move || -> io::Result<(TableDump, LockState)> {
-        let dump: TableDump = decode(&bytes, "snapshot")?;
+        let (dump, format) = TableDump::decode_any(&bytes)?;
         let state = state_from_dump(&dump)?;
-        write_snapshot_file(&dir, &file_meta, &bytes)?;
+        // The file always holds today's format, whatever the leader sent.
+        let body = if format == SNAPSHOT_FORMAT { bytes } else { encode(&dump)? };
+        write_snapshot_file(&dir, &file_meta, &body)?;
         Ok((dump, state))
     })
     .await
@@ -822,4 +920,144 @@ async fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Res
     *applied = (meta.last_log_id, meta.last_membership.clone());
     tracing::info!(index = ?meta.last_log_id.as_ref().map(|l| l.index), "installed snapshot");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! Signing keys survive a restart and travel in snapshots; format-2
+    //! snapshots (before signing keys) still load.
+
+    use futures::stream;
+    use openraft::alias::EntryOf;
+    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+    use tempfile::TempDir;
+
+    use super::*;
+    use crate::state_machine::Command;
+    use crate::store::{SNAPSHOT_DIR, STATE_FILE};
+
+    fn open(dir: &Path) -> StateMachineStore {
+        StateMachineStore::open(
+            &dir.join(STATE_FILE),
+            &dir.join(SNAPSHOT_DIR),
+            Arc::new(NoObserver),
+            Metrics::new(),
+            Clock,
+            None,
+        )
+        .unwrap()
+    }
+
+    /// Reopens a data dir once the previous store's persister let it go.
+    async fn reopen(dir: &Path) -> StateMachineStore {
+        for _ in 0..200 {
+            if let Ok(sm) = StateMachineStore::open(
+                &dir.join(STATE_FILE),
+                &dir.join(SNAPSHOT_DIR),
+                Arc::new(NoObserver),
+                Metrics::new(),
+                Clock,
+                None,
+            ) {
+                return sm;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("the state file did not reopen");
+    }
+
+    fn entry(index: u64, cmd: Command) -> EntryOf<TypeConfig> {
+        EntryOf::<TypeConfig>::new_normal(
+            openraft::testing::log_id::<TypeConfig>(1, 1, index),
+            LogCommand { at_ms: index, cmd },
+        )
+    }
+
+    fn keys_cmds() -> Vec<Command> {
+        let signer = fencer_token::Signer::from_secret_bytes(KeyId::new("k").unwrap(), &[9; 32]);
+        vec![
+            Command::RegisterSigningKey {
+                kid: KeyId::new("n1-a").unwrap(),
+                node_id: 1,
+                public_key: signer.public_key().to_bytes(),
+                not_before_unix_ms: 10,
+            },
+            Command::RetireSigningKey { kid: KeyId::new("n1-a").unwrap(), not_after_unix_ms: 99 },
+        ]
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t30_signing_keys_survive_restart_and_snapshot_install() {
+        let dir = TempDir::new().unwrap();
+        let mut sm = open(dir.path());
+        let entries: Vec<_> = keys_cmds().into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
+        sm.apply(stream::iter(entries.into_iter().map(|e| Ok((e, None))))).await.unwrap();
+        let expected = sm.read().signing_keys().clone();
+        assert_eq!(expected.len(), 1);
+        assert_eq!(expected.values().next().unwrap().not_after_unix_ms, Some(99));
+        let snapshot = sm.build_snapshot().await.unwrap();
+        sm.sync().await.unwrap();
+        drop(sm);
+
+        let sm = reopen(dir.path()).await;
+        assert_eq!(sm.read().signing_keys(), &expected, "the state file holds the keys");
+        drop(sm);
+
+        let other = TempDir::new().unwrap();
+        let mut fresh = open(other.path());
+        let body = snapshot.snapshot.into_inner();
+        fresh.install_snapshot(&snapshot.meta, Cursor::new(body)).await.unwrap();
+        assert_eq!(fresh.read().signing_keys(), &expected, "a snapshot carries the keys");
+        let current = fresh.get_current_snapshot().await.unwrap().expect("installed snapshot kept");
+        assert_eq!(
+            TableDump::decode_format(current.snapshot.get_ref(), SNAPSHOT_FORMAT).unwrap().signing_keys.len(),
+            1
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t31_format_2_snapshots_still_load() {
+        // A state with one held lock, dumped the way format 2 did.
+        let src = TempDir::new().unwrap();
+        let mut sm = open(src.path());
+        let acquire = Command::Acquire {
+            request_id: RequestId::new("request-0001").unwrap(),
+            resource: ResourceName::new("orders/1").unwrap(),
+            holder: crate::types::Holder::new("h").unwrap(),
+            ttl_ms: 30_000,
+            wait: false,
+            lease_id: LeaseId::from_u128(7),
+            max_waiters: 8,
+        };
+        sm.apply(stream::iter([Ok((entry(1, acquire), None))])).await.unwrap();
+        let v3 = sm.build_snapshot().await.unwrap();
+        let dump = TableDump::decode_format(v3.snapshot.get_ref(), SNAPSHOT_FORMAT).unwrap();
+        let v2 = encode(&TableDumpV2 { resources: dump.resources, dedup: dump.dedup, ended: dump.ended }).unwrap();
+        assert!(TableDump::decode_format(&v2, SNAPSHOT_FORMAT).is_err(), "a format-2 body is not format 3");
+        assert!(
+            TableDump::decode_format(v3.snapshot.get_ref(), SNAPSHOT_FORMAT_V2).is_err(),
+            "a format-3 body is not format 2"
+        );
+
+        // Sent by a leader that was not upgraded yet.
+        let dst = TempDir::new().unwrap();
+        let mut fresh = open(dst.path());
+        fresh.install_snapshot(&v3.meta, Cursor::new(v2.clone())).await.unwrap();
+        assert!(fresh.read().resource(&ResourceName::new("orders/1").unwrap()).is_some());
+        assert!(fresh.read().signing_keys().is_empty());
+
+        // A format-2 file left by the previous version, read at start.
+        let dir = dst.path().join(SNAPSHOT_DIR);
+        for f in std::fs::read_dir(&dir).unwrap() {
+            std::fs::remove_file(f.unwrap().path()).unwrap();
+        }
+        let header = encode(&SnapshotHeader { format: SNAPSHOT_FORMAT_V2, meta: v3.meta.clone() }).unwrap();
+        let mut file = (header.len() as u32).to_le_bytes().to_vec();
+        file.extend_from_slice(&header);
+        file.extend_from_slice(&v2);
+        std::fs::write(dir.join(snapshot_name(1)), file).unwrap();
+        let current = fresh.get_current_snapshot().await.unwrap().expect("the old file is read");
+        let body = TableDump::decode_format(current.snapshot.get_ref(), SNAPSHOT_FORMAT).unwrap();
+        assert_eq!(body.resources.len(), 1, "handed out in today's format");
+    }
 }

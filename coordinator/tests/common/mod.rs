@@ -34,6 +34,14 @@ pub async fn start_with(config: NodeConfig) -> Node {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // And its signing key is registered (the first entry after the
+    // membership on a new data dir), so tests see a fixed log order.
+    for _ in 0..500 {
+        if !node.state().signing_keys().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     node
 }
 

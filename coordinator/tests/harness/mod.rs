@@ -125,7 +125,24 @@ impl Cluster {
             locked(&cluster.nodes).insert(*node.raft().node_id(), Some(Arc::new(node)));
         }
         cluster.settled(Duration::from_secs(20)).await;
+        cluster.keys_registered(Duration::from_secs(20)).await;
         cluster
+    }
+
+    /// Waits until every running node has applied the signing-key
+    /// registration of every running node (each registers its key through
+    /// the log at start), so tests begin from a fixed log.
+    pub async fn keys_registered(&self, timeout: Duration) {
+        let running = self.running();
+        eventually("every node's signing key registered everywhere", timeout, || async {
+            let all = running.iter().all(|n| {
+                let node = self.node(*n);
+                let state = node.state();
+                running.iter().all(|owner| state.signing_keys().values().any(|k| k.node_id == *owner))
+            });
+            all.then_some(())
+        })
+        .await
     }
 
     /// The configs of `n` voters, none started: start them with
