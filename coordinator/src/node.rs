@@ -467,6 +467,7 @@ impl Node {
             hot,
             log_control: config.log_control.clone(),
             keys,
+            peer_tls: peer_tls.clone(),
         });
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);

@@ -255,6 +255,9 @@ pub(crate) struct ServiceInner {
     pub(crate) log_control: Option<LogControlHandle>,
     /// This node's token-signing keys (module `signing`).
     pub(crate) keys: Arc<crate::signing::NodeKeys>,
+    /// How this node calls its peers (https with its certificate when the
+    /// cluster runs TLS): signing-key registrations go to the leader this way.
+    pub(crate) peer_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 /// The lock operations of one node. Cheap to clone.

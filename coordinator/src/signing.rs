@@ -344,7 +344,7 @@ impl LockService {
         };
         let registration = KeyRegistration { kid, public_key, not_before_unix_ms };
         let data = encode(&registration).map_err(|e| LockError::Internal(e.to_string()))?;
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        let channel = crate::tls::peer_endpoint(&addr, self.inner.peer_tls.as_ref())
             .map_err(|e| LockError::Internal(format!("leader address {addr:?}: {e}")))?
             .connect_timeout(Duration::from_millis(500))
             .connect_lazy();
