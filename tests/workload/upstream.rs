@@ -190,7 +190,13 @@ async fn relay(
     if let Some(token) = token {
         record(UpstreamEvent::Arrived { token, resource: resource.clone() });
     }
-    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    // A body cut short (the proxy was killed mid-request) is not forwarded:
+    // forwarding what arrived would apply a write nobody sent.
+    let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
+        let mut r = http::Response::new(Full::new(Bytes::from_static(b"relay: request body cut short")));
+        *r.status_mut() = http::StatusCode::BAD_REQUEST;
+        return r;
+    };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut out = http::Request::builder().method(parts.method.clone()).uri(format!("http://{influx}{path}"));
     for (k, v) in &parts.headers {
@@ -198,21 +204,36 @@ async fn relay(
             out = out.header(k, v);
         }
     }
-    match forward.request(out.body(Full::new(body)).unwrap()).await {
-        Ok(resp) => {
-            let (p, b) = resp.into_parts();
-            let b = b.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-            if p.status.is_success()
-                && let Some(token) = token
-            {
-                record(UpstreamEvent::Applied { token, resource, write_id });
+    let request = out.body(Full::new(body)).unwrap();
+    // Forwarded and recorded in a task of its own: when the proxy is killed
+    // while InfluxDB applies a write, hyper drops this handler's future with
+    // the connection, and the write InfluxDB applied must still be recorded.
+    let call = tokio::spawn(async move {
+        match forward.request(request).await {
+            Ok(resp) => {
+                let (p, b) = resp.into_parts();
+                let b = b.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                if p.status.is_success()
+                    && let Some(token) = token
+                {
+                    events.lock().unwrap_or_else(|p| p.into_inner()).push(UpstreamEvent::Applied {
+                        token,
+                        resource,
+                        write_id,
+                    });
+                }
+                http::Response::from_parts(p, Full::new(b))
             }
-            http::Response::from_parts(p, Full::new(b))
+            Err(e) => {
+                let mut r = http::Response::new(Full::new(Bytes::from(format!("relay: influxd: {e}"))));
+                *r.status_mut() = http::StatusCode::BAD_GATEWAY;
+                r
+            }
         }
-        Err(e) => {
-            let mut r = http::Response::new(Full::new(Bytes::from(format!("relay: influxd: {e}"))));
-            *r.status_mut() = http::StatusCode::BAD_GATEWAY;
-            r
-        }
-    }
+    });
+    call.await.unwrap_or_else(|e| {
+        let mut r = http::Response::new(Full::new(Bytes::from(format!("relay: {e}"))));
+        *r.status_mut() = http::StatusCode::BAD_GATEWAY;
+        r
+    })
 }
