@@ -247,56 +247,16 @@ pub fn certificate_identity(cert: &CertificateDer<'_>) -> Option<String> {
         .next()
         .map(str::to_owned)
         .or_else(|| parsed.valid_dns_names().next().map(str::to_owned))
-        .or_else(|| common_name(parsed.subject()))?;
+        .or_else(|| common_name(cert))?;
     let clean: String = name.chars().filter(|c| !c.is_control()).take(MAX_IDENTITY_CHARS).collect();
     (!clean.is_empty()).then_some(clean)
 }
 
-/// Reads one DER TLV at the start of `input`: (tag, value, rest).
-fn der_tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = input.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = match first {
-        n if n < 0x80 => (usize::from(n), rest),
-        0x81 => {
-            let (&n, rest) = rest.split_first()?;
-            (usize::from(n), rest)
-        }
-        0x82 => {
-            let (bytes, rest) = rest.split_at_checked(2)?;
-            (usize::from(u16::from_be_bytes([bytes[0], bytes[1]])), rest)
-        }
-        _ => return None,
-    };
-    let (value, rest) = rest.split_at_checked(len)?;
-    Some((tag, value, rest))
-}
-
-/// The first common name (OID 2.5.4.3) of a DER subject.
-fn common_name(mut subject: &[u8]) -> Option<String> {
-    const CN_OID: [u8; 3] = [0x55, 0x04, 0x03];
-    while !subject.is_empty() {
-        let (set_tag, mut set, rest) = der_tlv(subject)?;
-        subject = rest;
-        if set_tag != 0x31 {
-            return None;
-        }
-        while !set.is_empty() {
-            let (seq_tag, seq, rest) = der_tlv(set)?;
-            set = rest;
-            if seq_tag != 0x30 {
-                return None;
-            }
-            let (oid_tag, oid, value) = der_tlv(seq)?;
-            if oid_tag == 0x06 && oid == CN_OID {
-                let (value_tag, value, _) = der_tlv(value)?;
-                if matches!(value_tag, 0x0c | 0x13 | 0x16) {
-                    return std::str::from_utf8(value).ok().map(str::to_owned);
-                }
-            }
-        }
-    }
-    None
+/// The first common name (OID 2.5.4.3) of the certificate's subject, read
+/// with x509-parser rather than by hand.
+fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    parsed.subject().iter_common_name().next()?.as_str().ok().map(str::to_owned)
 }
 
 /// What a certificate issued by [`DevCa`] is for.
