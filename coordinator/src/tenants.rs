@@ -28,7 +28,7 @@ const MAX_FILE_BYTES: u64 = 4 << 20;
 /// Most tenants in one file.
 const MAX_TENANTS: usize = 10_000;
 /// Longest certificate identity, in bytes (as `tls::certificate_identity`).
-const MAX_IDENTITY_LEN: usize = 256;
+const MAX_IDENTITY_LEN: usize = fencer_tls::MAX_IDENTITY_BYTES;
 
 /// What a permission allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -295,7 +295,8 @@ impl Tenants {
 
     /// Checks a tenants file's text; `file` names it in errors.
     pub fn parse(file: &str, text: &str) -> Result<Self, TenantsError> {
-        let line_of = |offset: usize| text[..offset.min(text.len())].bytes().filter(|b| *b == b'\n').count() + 1;
+        let line_of =
+            |offset: usize| text.as_bytes()[..offset.min(text.len())].iter().filter(|b| **b == b'\n').count() + 1;
         let at = |span: std::ops::Range<usize>, reason: String| TenantsError {
             file: file.to_string(),
             line: Some(line_of(span.start)),
@@ -368,7 +369,15 @@ impl Tenants {
                 if v.is_empty() || v.len() > MAX_IDENTITY_LEN || v.chars().any(char::is_control) {
                     return Err(at(
                         id.span(),
-                        format!("certificate identity {v:?}: 1–256 characters, no control characters"),
+                        format!("certificate identity {v:?}: 1–{MAX_IDENTITY_LEN} bytes, no control characters"),
+                    ));
+                }
+                if v == fencer_tls::UNNAMED_CLIENT_CERTIFICATE {
+                    return Err(at(
+                        id.span(),
+                        format!(
+                            "certificate identity {v:?} is what a certificate without a name is called; name the certificate"
+                        ),
                     ));
                 }
                 if let Some(prev) = by_certificate.insert(v.clone(), index) {
@@ -597,6 +606,9 @@ allow = ["read", "admin"]
             ("[[tenant]]\nname = \"a b\"\ncertificate_identities = [\"x\"]".into(), Some(2), "tenant name"),
             (tenant("certificate_identities = [\"x\"]\ncolour = \"red\""), Some(4), "unknown field"),
             (tenant(""), Some(1), "no identity"),
+            (tenant("certificate_identities = [\"unnamed-client-certificate\"]"), Some(3), "without a name"),
+            (tenant("certificate_identities = [\"a\\u0007b\"]"), Some(3), "no control characters"),
+            ("# é\n[[tenant]]\nname = \"a b\"\ncertificate_identities = [\"x\"]".into(), Some(3), "tenant name"),
             (tenant("bearer_token_sha256 = [\"test\"]"), Some(3), "64 lowercase hex"),
             (
                 tenant(&format!("{token}\n[[tenant.permission]]\nprefix = \"beta/\"\nallow = [\"read\"]")),

@@ -6,26 +6,19 @@
 //! One port carries the lock API and raft traffic, so client certificates
 //! are *optional* in the handshake and checked per request: raft calls need
 //! a certificate that chains to the peer CA, lock calls need an identity the
-//! tenants file knows (module `tenants`). PEM loading follows the proxy's
-//! `tls` module (bounded reads, errors that name the file).
+//! tenants file knows (module `tenants`). PEM loading and certificate identities
+//! come from `fencer-tls`, shared with the proxy.
 
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::{RootCertStore, ServerConfig};
-use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls_pki_types::{CertificateDer, UnixTime};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-/// Largest PEM file read, in bytes.
-const MAX_PEM_BYTES: u64 = 1024 * 1024;
-/// Longest identity taken from a certificate, in characters.
-const MAX_IDENTITY_CHARS: usize = 256;
 /// Default bound on one TLS handshake.
 pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -53,78 +46,9 @@ pub struct NodeTls {
     pub handshake_timeout: Duration,
 }
 
-/// Why TLS could not be set up.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// A file is not the PEM it should be.
-    #[error("{path}: {reason}")]
-    Pem {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-    /// rustls refused the certificates or key.
-    #[error("{what}: {reason}")]
-    Config {
-        /// Which part, e.g. "node certificate and key".
-        what: &'static str,
-        /// rustls' reason.
-        reason: String,
-    },
-}
-
-/// The one crypto provider used for every TLS config.
-pub(crate) fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn read_bounded(path: &Path) -> Result<Vec<u8>, TlsError> {
-    let read = |source| TlsError::Read { path: path.to_owned(), source };
-    let file = std::fs::File::open(path).map_err(read)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_PEM_BYTES + 1).read_to_end(&mut bytes).map_err(read)?;
-    if bytes.len() as u64 > MAX_PEM_BYTES {
-        return Err(TlsError::Pem { path: path.to_owned(), reason: format!("larger than {MAX_PEM_BYTES} bytes") });
-    }
-    Ok(bytes)
-}
-
-fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let bytes = read_bounded(path)?;
-    let certs = CertificateDer::pem_slice_iter(&bytes)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::Pem { path: path.to_owned(), reason: e.to_string() })?;
-    if certs.is_empty() {
-        return Err(TlsError::Pem { path: path.to_owned(), reason: "no CERTIFICATE section".into() });
-    }
-    Ok(certs)
-}
-
-fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let bytes = read_bounded(path)?;
-    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| TlsError::Pem {
-        path: path.to_owned(),
-        reason: format!("no usable private key (PKCS#8, PKCS#1 or SEC1 PEM): {e}"),
-    })
-}
-
-fn add_roots(roots: &mut RootCertStore, path: &Path) -> Result<(), TlsError> {
-    for cert in load_certs(path)? {
-        roots
-            .add(cert)
-            .map_err(|e| TlsError::Pem { path: path.to_owned(), reason: format!("not a CA certificate: {e}") })?;
-    }
-    Ok(())
-}
+pub(crate) use fencer_tls::provider;
+pub use fencer_tls::{TlsError, certificate_identity};
+use fencer_tls::{add_roots, load_certs, load_key, read_bounded};
 
 fn verifier(paths: &[&Path], optional: bool) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     let mut roots = RootCertStore::empty();
@@ -199,8 +123,9 @@ impl ServerTls {
         };
         info.peer = verified(&self.peer);
         if verified(&self.client) {
-            info.client_identity =
-                Some(Arc::from(certificate_identity(leaf).unwrap_or_else(|| "unnamed-client-certificate".into())));
+            info.client_identity = Some(Arc::from(
+                certificate_identity(leaf).unwrap_or_else(|| fencer_tls::UNNAMED_CLIENT_CERTIFICATE.into()),
+            ));
         }
         info
     }
@@ -217,11 +142,10 @@ pub(crate) fn peer_client_tls(tls: &NodeTls) -> Result<Option<ClientTlsConfig>, 
     load_certs(peer_ca)?;
     load_certs(&tls.cert_file)?;
     load_key(&tls.key_file)?;
-    let read = |p: &Path| read_bounded(p);
     Ok(Some(
         ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(read(peer_ca)?))
-            .identity(Identity::from_pem(read(&tls.cert_file)?, read(&tls.key_file)?))
+            .ca_certificate(Certificate::from_pem(read_bounded(peer_ca)?))
+            .identity(Identity::from_pem(read_bounded(&tls.cert_file)?, read_bounded(&tls.key_file)?))
             .timeout(tls.handshake_timeout),
     ))
 }
@@ -235,28 +159,6 @@ pub(crate) fn peer_endpoint(addr: &str, tls: Option<&ClientTlsConfig>) -> Result
         None => Ok(endpoint),
         Some(t) => endpoint.tls_config(t.clone()).map_err(|e| format!("TLS for {addr}: {e}")),
     }
-}
-
-/// The identity a verified client certificate names: its first URI SAN
-/// (e.g. a SPIFFE id), else its first DNS SAN, else its subject's common
-/// name. Control characters are dropped and the result is bounded.
-pub fn certificate_identity(cert: &CertificateDer<'_>) -> Option<String> {
-    let parsed = webpki::EndEntityCert::try_from(cert).ok()?;
-    let name = parsed
-        .valid_uri_names()
-        .next()
-        .map(str::to_owned)
-        .or_else(|| parsed.valid_dns_names().next().map(str::to_owned))
-        .or_else(|| common_name(cert))?;
-    let clean: String = name.chars().filter(|c| !c.is_control()).take(MAX_IDENTITY_CHARS).collect();
-    (!clean.is_empty()).then_some(clean)
-}
-
-/// The first common name (OID 2.5.4.3) of the certificate's subject, read
-/// with x509-parser rather than by hand.
-fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    parsed.subject().iter_common_name().next()?.as_str().ok().map(str::to_owned)
 }
 
 /// What a certificate issued by [`DevCa`] is for.

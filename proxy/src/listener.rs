@@ -59,7 +59,9 @@ impl ClientAcceptor {
             .1
             .peer_certificates()
             .and_then(|chain| chain.first())
-            .map(|leaf| tls::certificate_identity(leaf).unwrap_or_else(|| "unnamed-client-certificate".to_owned()))
+            .map(|leaf| {
+                tls::certificate_identity(leaf).unwrap_or_else(|| fencer_tls::UNNAMED_CLIENT_CERTIFICATE.to_owned())
+            })
             .map(Arc::from);
         Ok((Either::Right(tls), identity))
     }
