@@ -487,6 +487,12 @@ impl Persister {
             for op in ops {
                 if let Err(e) = self.handle(op, &mut open) {
                     self.fail(&e);
+                    // A batch may have been written in part: never commit it.
+                    // The file stays at the last whole batch, and the log
+                    // replays the rest after the restart.
+                    if let Some(tx) = open.take() {
+                        let _ = tx.abort();
+                    }
                 }
             }
             if let Some(tx) = open.take()
@@ -888,20 +894,20 @@ async fn build(shared: &Shared) -> io::Result<Snapshot> {
 }
 
 /// Installs a snapshot: validates it, has the persister replace every table,
-/// then swaps the in-memory state.
+/// writes the snapshot file, then swaps the in-memory state. The file comes
+/// after the tables (as in `build`): a snapshot file on disk never runs ahead
+/// of the state file.
 async fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Result<()> {
-    let dir = shared.snapshot_dir.clone();
-    let file_meta = meta.clone();
-    let (dump, new_state) = tokio::task::spawn_blocking(move || -> io::Result<(TableDump, LockState)> {
-        let (dump, format) = TableDump::decode_any(&bytes)?;
-        let state = state_from_dump(&dump)?;
-        // The file always holds today's format, whatever the leader sent.
-        let body = if format == SNAPSHOT_FORMAT { bytes } else { encode(&dump)? };
-        write_snapshot_file(&dir, &file_meta, &body)?;
-        Ok((dump, state))
-    })
-    .await
-    .map_err(|e| io_err("install task", e))??;
+    let (dump, new_state, body) =
+        tokio::task::spawn_blocking(move || -> io::Result<(TableDump, LockState, Vec<u8>)> {
+            let (dump, format) = TableDump::decode_any(&bytes)?;
+            let state = state_from_dump(&dump)?;
+            // The file always holds today's format, whatever the leader sent.
+            let body = if format == SNAPSHOT_FORMAT { bytes } else { encode(&dump)? };
+            Ok((dump, state, body))
+        })
+        .await
+        .map_err(|e| io_err("install task", e))??;
     let (done, rx) = oneshot::channel();
     let audit = match (shared.audit, &meta.last_log_id) {
         (Some(_), Some(l)) => Some(Box::new(AuditRecord::snapshot_installed(l.index, shared.clock.wall_ms()))),
@@ -909,6 +915,10 @@ async fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Res
     };
     shared.send(PersistOp::Replace { meta: meta.clone(), dump: Arc::new(dump), audit, done }).await?;
     rx.await.map_err(|_| persister_gone())??;
+    let (dir, file_meta) = (shared.snapshot_dir.clone(), meta.clone());
+    tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file_meta, &body))
+        .await
+        .map_err(|e| io_err("install task", e))??;
     {
         let mut state = shared.state.write().unwrap_or_else(|p| p.into_inner());
         *state = new_state;
