@@ -306,3 +306,25 @@ async fn t88_json_over_https_applies_the_same_tenant_rules() {
     assert_eq!(r.json()["held"], true, "beta's lease survived: {r:?}");
     node.shutdown().await;
 }
+
+#[test]
+fn t88_a_cluster_with_tenants_refuses_to_start_with_raft_open() {
+    // Tenants mean nothing if anyone may speak raft to the nodes: without
+    // --peer-ca a multi-node coordinator with --tenants does not start.
+    let dir = tempfile::tempdir().unwrap();
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(&tenants, tenants_file()).unwrap();
+    let (a, b) = (common::free_port(), common::free_port());
+    let out = std::process::Command::new(common::fencer_bin())
+        .args(["coordinator", "--id", "1", "--listen", &format!("127.0.0.1:{a}")])
+        .args(["--peers", &format!("1=127.0.0.1:{a},2=127.0.0.1:{b}")])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--tenants")
+        .arg(&tenants)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started: {err}");
+    assert!(err.contains("--peer-ca") && err.contains("raft traffic is open"), "{err}");
+}

@@ -292,6 +292,13 @@ impl LockService {
     /// key; waits up to [`KEY_WAIT`] while this node's own key registration
     /// is pending. `None` when there is no usable key.
     pub(crate) async fn sign_grant(&self, resource: &str, token: u64, lease_id: u128) -> Option<String> {
+        // The usual case, on every grant: a registered key, nothing to wait for.
+        let now_ms = self.inner.clock.wall_ms();
+        let kid = self.keys().choose(self.inner.sm.read().signing_keys(), now_ms);
+        if let Some(kid) = kid {
+            return self.keys().sign(&kid, resource, token, lease_id, now_ms);
+        }
+        // Subscribed before the loop checks again, so no change is missed.
         let mut changed = self.keys().subscribe();
         let deadline = self.inner.clock.after(KEY_WAIT);
         loop {

@@ -225,6 +225,16 @@ pub(crate) async fn run(args: CoordinatorArgs, log: Arc<LogFilter>) -> anyhow::R
     args.observability.apply(&mut config, log);
     config.tls = args.tls.node_tls();
     config.tenants = load_tenants(args.tenants.as_ref()).await?;
+    let peers_authenticated = config.tls.as_ref().is_some_and(|t| t.peer_ca_file.is_some());
+    if config.tenants.is_some() && config.peers.len() > 1 && !peers_authenticated {
+        // Tenants are worth nothing if anyone can speak raft to the node
+        // (append entries, change members, register a signing key).
+        anyhow::bail!(
+            "--tenants on a cluster of {} nodes needs --tls-cert, --tls-key and --peer-ca: \
+             without them raft traffic is open to anyone who reaches the port (docs/security.md)",
+            config.peers.len()
+        );
+    }
     if config.tenants.is_some() && config.tls.is_none() {
         tracing::warn!("--tenants without TLS: bearer tokens cross the network in plaintext");
     }

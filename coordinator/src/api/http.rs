@@ -273,12 +273,20 @@ async fn force_release(State(s): State<HttpState>, Who(who): Who, Json(b): Json<
     }))
 }
 
-async fn signing_keys(State(s): State<HttpState>) -> Response {
+// Any authenticated caller, as over gRPC: public keys only, but the read is
+// linearizable (a quorum round), which anonymous callers must not trigger.
+async fn signing_keys(State(s): State<HttpState>, Who(who): Who) -> Response {
+    if let Err(e) = who {
+        return error_response(&e);
+    }
     reply(s.svc.signing_keys().await.map(|(keys, now)| json!({ "keys": keys, "now_unix_ms": now })))
 }
 
 /// Exactly the `fencer_token::KeySet` file proxies load.
-async fn key_set(State(s): State<HttpState>) -> Response {
+async fn key_set(State(s): State<HttpState>, Who(who): Who) -> Response {
+    if let Err(e) = who {
+        return error_response(&e);
+    }
     match s.svc.signing_keys().await {
         Ok((keys, _)) => match crate::signing::key_set(&keys) {
             Ok(set) => ([(header::CONTENT_TYPE, "application/json")], set.to_json()).into_response(),
