@@ -313,24 +313,61 @@ fn exact<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> io::Result
 
 /// Reads every state table from one consistent read transaction.
 fn dump_tables(r: &redb::ReadTransaction) -> io::Result<TableDump> {
-    let mut dump = TableDump::default();
-    for item in r.open_table(RESOURCES).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
-        let (k, v) = item.map_err(|e| io_err("read resources", e))?;
-        dump.resources.push((k.value().to_string(), v.value().to_vec()));
-    }
-    for item in r.open_table(DEDUP).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
-        let (k, v) = item.map_err(|e| io_err("read dedup", e))?;
-        dump.dedup.push((k.value().to_string(), v.value().to_vec()));
-    }
+    let mut dump = TableDump {
+        resources: read_rows(r, RESOURCES, "resources")?,
+        dedup: read_rows(r, DEDUP, "dedup")?,
+        signing_keys: read_rows(r, SIGNING_KEYS, "signing_keys")?,
+        ..TableDump::default()
+    };
     for item in r.open_table(ENDED).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
         let (k, v) = item.map_err(|e| io_err("read ended", e))?;
         dump.ended.push((k.value(), v.value().to_vec()));
     }
-    for item in r.open_table(SIGNING_KEYS).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
-        let (k, v) = item.map_err(|e| io_err("read signing_keys", e))?;
-        dump.signing_keys.push((k.value().to_string(), v.value().to_vec()));
-    }
     Ok(dump)
+}
+
+/// The state tables keyed by text (all but `ended`).
+type TextTable = TableDefinition<'static, &'static str, &'static [u8]>;
+
+/// Every row of a text-keyed table.
+fn read_rows(r: &redb::ReadTransaction, def: TextTable, what: &str) -> io::Result<Vec<(String, Vec<u8>)>> {
+    let mut rows = Vec::new();
+    for item in r.open_table(def).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
+        let (k, v) = item.map_err(|e| io_err(&format!("read {what}"), e))?;
+        rows.push((k.value().to_string(), v.value().to_vec()));
+    }
+    Ok(rows)
+}
+
+/// Puts (`Some`) or removes (`None`) rows of a text-keyed table.
+fn write_rows<'a>(
+    tx: &redb::WriteTransaction,
+    def: TextTable,
+    rows: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
+    what: &str,
+) -> io::Result<()> {
+    let mut rows = rows.into_iter().peekable();
+    if rows.peek().is_none() {
+        return Ok(()); // most batches change no signing key: do not even open the table
+    }
+    let mut t = tx.open_table(def).map_err(|e| io_err("open", e))?;
+    for (k, v) in rows {
+        match v {
+            Some(v) => t.insert(k, v).map(|_| ()),
+            None => t.remove(k).map(|_| ()),
+        }
+        .map_err(|e| io_err(&format!("write {what}"), e))?;
+    }
+    Ok(())
+}
+
+/// Empties a text-keyed table and fills it with `rows`.
+fn replace_rows(tx: &redb::WriteTransaction, def: TextTable, rows: &[(String, Vec<u8>)], what: &str) -> io::Result<()> {
+    tx.open_table(def)
+        .map_err(|e| io_err("open", e))?
+        .retain(|_, _| false)
+        .map_err(|e| io_err(&format!("clear {what}"), e))?;
+    write_rows(tx, def, rows.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice()))), what)
 }
 
 /// Decodes a dump into a lock state, validating every name and record.
@@ -409,28 +446,16 @@ fn gather(state: &LockState, changes: Changes) -> io::Result<Writes> {
 }
 
 /// Writes a batch's changes into an open transaction.
-fn write_changes(
+fn write_changes<'a>(
     tx: &redb::WriteTransaction,
-    writes: &Writes,
+    writes: &'a Writes,
     applied: &LogIdT,
     membership: Option<&Membership>,
 ) -> io::Result<()> {
-    let mut t = tx.open_table(RESOURCES).map_err(|e| io_err("open", e))?;
-    for (k, v) in &writes.resources {
-        match v {
-            Some(v) => t.insert(k.as_str(), v.as_slice()).map(|_| ()),
-            None => t.remove(k.as_str()).map(|_| ()),
-        }
-        .map_err(|e| io_err("write resource", e))?;
-    }
-    let mut t = tx.open_table(DEDUP).map_err(|e| io_err("open", e))?;
-    for (k, v) in &writes.dedup {
-        match v {
-            Some(v) => t.insert(k.as_str(), v.as_slice()).map(|_| ()),
-            None => t.remove(k.as_str()).map(|_| ()),
-        }
-        .map_err(|e| io_err("write dedup", e))?;
-    }
+    let text = |rows: &'a [(String, Option<Vec<u8>>)]| rows.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
+    write_rows(tx, RESOURCES, text(&writes.resources), "resource")?;
+    write_rows(tx, DEDUP, text(&writes.dedup), "dedup")?;
+    write_rows(tx, SIGNING_KEYS, text(&writes.signing_keys), "signing key")?;
     let mut t = tx.open_table(ENDED).map_err(|e| io_err("open", e))?;
     for (k, v) in &writes.ended {
         match v {
@@ -438,16 +463,6 @@ fn write_changes(
             None => t.remove(*k).map(|_| ()),
         }
         .map_err(|e| io_err("write ended", e))?;
-    }
-    if !writes.signing_keys.is_empty() {
-        let mut t = tx.open_table(SIGNING_KEYS).map_err(|e| io_err("open", e))?;
-        for (k, v) in &writes.signing_keys {
-            match v {
-                Some(v) => t.insert(k.as_str(), v.as_slice()).map(|_| ()),
-                None => t.remove(k.as_str()).map(|_| ()),
-            }
-            .map_err(|e| io_err("write signing key", e))?;
-        }
     }
     let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
     t.insert(KEY_APPLIED, encode(applied)?.as_slice()).map_err(|e| io_err("write applied", e))?;
@@ -618,25 +633,13 @@ impl Persister {
         }
         let tx = self.db.begin_write().map_err(|e| io_err("begin", e))?;
         {
-            let mut t = tx.open_table(RESOURCES).map_err(|e| io_err("open", e))?;
-            t.retain(|_, _| false).map_err(|e| io_err("clear resources", e))?;
-            for (k, v) in &dump.resources {
-                t.insert(k.as_str(), v.as_slice()).map_err(|e| io_err("write resource", e))?;
-            }
-            let mut t = tx.open_table(DEDUP).map_err(|e| io_err("open", e))?;
-            t.retain(|_, _| false).map_err(|e| io_err("clear dedup", e))?;
-            for (k, v) in &dump.dedup {
-                t.insert(k.as_str(), v.as_slice()).map_err(|e| io_err("write dedup", e))?;
-            }
+            replace_rows(&tx, RESOURCES, &dump.resources, "resources")?;
+            replace_rows(&tx, DEDUP, &dump.dedup, "dedup")?;
+            replace_rows(&tx, SIGNING_KEYS, &dump.signing_keys, "signing_keys")?;
             let mut t = tx.open_table(ENDED).map_err(|e| io_err("open", e))?;
             t.retain(|_, _| false).map_err(|e| io_err("clear ended", e))?;
             for (k, v) in &dump.ended {
                 t.insert(*k, v.as_slice()).map_err(|e| io_err("write ended", e))?;
-            }
-            let mut t = tx.open_table(SIGNING_KEYS).map_err(|e| io_err("open", e))?;
-            t.retain(|_, _| false).map_err(|e| io_err("clear signing_keys", e))?;
-            for (k, v) in &dump.signing_keys {
-                t.insert(k.as_str(), v.as_slice()).map_err(|e| io_err("write signing key", e))?;
             }
             let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
             match &meta.last_log_id {
