@@ -305,6 +305,11 @@ impl LockService {
 
     /// Proposes a command and waits for its outcome, at most the write timeout.
     pub(crate) async fn propose(&self, cmd: Command) -> Result<Outcome, LockError> {
+        self.propose_indexed(cmd).await.map(|(_, outcome)| outcome)
+    }
+
+    /// As [`Self::propose`], with the log index of the entry.
+    async fn propose_indexed(&self, cmd: Command) -> Result<(u64, Outcome), LockError> {
         let entry = LogCommand { at_ms: self.inner.clock.wall_ms(), cmd };
         let started = self.inner.clock.now();
         let write = async {
@@ -330,7 +335,7 @@ impl LockService {
             Ok(Ok(resp)) => {
                 self.inner.metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
                 tracing::Span::current().record("log_index", resp.log_id.index);
-                Ok(resp.data)
+                Ok((resp.log_id.index, resp.data))
             }
         }
     }
@@ -592,18 +597,9 @@ impl LockService {
         let caller = AuditText::new(caller, "caller")?;
         let reason = AuditText::new(reason, "reason")?;
         self.ensure_leader()?;
-        let cmd = Command::ForceRelease { resource, caller, reason };
-        let entry = LogCommand { at_ms: self.inner.clock.wall_ms(), cmd };
-        let resp = tokio::time::timeout(self.inner.policy.write_timeout, self.inner.raft.client_write(entry))
-            .await
-            .map_err(|_| LockError::Unknown("the force-release did not commit in time".into()))?
-            .map_err(write_error)?;
-        tracing::Span::current().record("log_index", resp.log_id.index);
-        match resp.data {
-            Outcome::ForceReleased { released_token } => {
-                Ok(ForceReleased { released_token, log_index: resp.log_id.index })
-            }
-            other => Err(LockError::Internal(format!("unexpected outcome {other:?}"))),
+        match self.propose_indexed(Command::ForceRelease { resource, caller, reason }).await? {
+            (log_index, Outcome::ForceReleased { released_token }) => Ok(ForceReleased { released_token, log_index }),
+            (_, other) => Err(LockError::Internal(format!("unexpected outcome {other:?}"))),
         }
     }
 
