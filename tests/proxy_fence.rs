@@ -153,6 +153,20 @@ async fn t11_resource_header_must_match_the_route() {
 
 // ---- t20: the check (P1) and the rejection log ----
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t21_a_resource_never_seen_starts_at_the_floor() {
+    // P10: the floor is the epoch of every resource the store has not seen,
+    // so a token issued before the proxy existed cannot write anywhere.
+    let h = Harness::start("", 100).await;
+    let below = h.write("/db/fresh/rows/1", 99).await;
+    assert_eq!(below.status, Status::CONFLICT, "{:?}", below.body);
+    assert_eq!(below.json()["current_epoch"], 100);
+    assert_eq!(h.write("/db/fresh/rows/1", 100).await.status, Status::OK, "the floor itself is current");
+    assert_eq!(h.write("/db/other/rows/1", 101).await.status, Status::OK);
+    assert_eq!(h.upstream.applied(), vec![Some(100), Some(101)]);
+    h.stop().await;
+}
+
 /// P1: a token below E gets 409 problem+json with resource, presented_token
 /// and current_epoch; it never reaches the upstream; the rejection log
 /// names it by route template, never by raw path.
