@@ -690,15 +690,17 @@ impl LockService {
         };
         self.linearize().await?;
         let state = self.inner.sm.read();
-        let range = match &after {
-            Some(a) => {
-                state.resources().range::<ResourceName, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded))
-            }
-            None => state.resources().range::<ResourceName, _>(..),
+        // Seek straight to the first name at or after both the prefix and the
+        // page token, instead of walking the table from its start.
+        use std::ops::Bound;
+        let from = match &after {
+            Some(a) if a.as_str() >= prefix => Bound::Excluded(a.as_str()),
+            _ => Bound::Included(prefix),
         };
+        let range = state.resources().range::<str, _>((from, Bound::Unbounded));
         let mut out = Vec::new();
         let mut next = String::new();
-        for (name, r) in range.skip_while(|(n, _)| n.as_str() < prefix) {
+        for (name, r) in range {
             if !name.as_str().starts_with(prefix) {
                 break;
             }
