@@ -76,3 +76,13 @@ fn t49_a_log_filter_that_does_not_parse_is_a_usage_error() {
     let (code, _, err) = run_env(&["completions", "bash"], &[("FENCER_LOG", "fencer=loudest")]);
     assert_eq!(code, 2, "{err}");
 }
+
+#[test]
+fn t49_a_snapshot_interval_below_the_minimum_is_refused_not_raised() {
+    let (code, _, err) = run_env(
+        &["coordinator", "--id", "1", "--listen", "127.0.0.1:1", "--peers", "1=127.0.0.1:1", "--snapshot-every", "10"],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--snapshot-every") && err.contains("1000"), "{err}");
+}

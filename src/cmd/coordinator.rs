@@ -163,8 +163,10 @@ pub(crate) struct CoordinatorArgs {
     #[arg(long, env = "FENCER_ELECTION_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     election_timeout: Duration,
 
-    /// Build a snapshot (and purge the log behind it) every this many entries.
-    #[arg(long, env = "FENCER_SNAPSHOT_EVERY", default_value_t = 50_000)]
+    /// Build a snapshot (and purge the log behind it) every this many entries
+    /// (at least 1,000).
+    #[arg(long, env = "FENCER_SNAPSHOT_EVERY", default_value_t = 50_000,
+          value_parser = clap::value_parser!(u64).range(1_000..))]
     snapshot_every: u64,
 
     #[command(flatten)]
@@ -221,7 +223,7 @@ pub(crate) async fn run(args: CoordinatorArgs, log: Arc<LogFilter>) -> anyhow::R
     config.peers = peers;
     config.heartbeat = args.heartbeat;
     config.election_timeout = (args.election_timeout, args.election_timeout * 2);
-    config.snapshot_every = args.snapshot_every.max(1_000);
+    config.snapshot_every = args.snapshot_every;
     args.observability.apply(&mut config, log);
     config.tls = args.tls.node_tls();
     config.tenants = load_tenants(args.tenants.as_ref()).await?;
