@@ -573,6 +573,44 @@ impl ResourceHash {
     }
 }
 
+/// The dedup table's key for a request id: the first 128 bits of its SHA-256.
+///
+/// The table holds one record per acquire for the retention period (~240,000
+/// at the seed rate), so it keys by 16 inline bytes rather than the id's own
+/// heap-allocated text (8–128 bytes). A cryptographic hash, not a fast one:
+/// two request ids that collide would share a record, and with SHA-256 no one
+/// can make them collide on purpose. Stable across nodes and versions, so it
+/// is persisted (state file, snapshots) and every node computes the same.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RequestKey([u8; 16]);
+
+impl RequestKey {
+    /// The key of a request id.
+    pub fn of(id: &RequestId) -> Self {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(id.as_str().as_bytes());
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&digest[..16]);
+        Self(key)
+    }
+
+    /// The key as a number (big-endian), the form the state file stores.
+    pub const fn to_u128(self) -> u128 {
+        u128::from_be_bytes(self.0)
+    }
+
+    /// A key read back from its stored number.
+    pub const fn from_u128(v: u128) -> Self {
+        Self(v.to_be_bytes())
+    }
+}
+
+impl std::fmt::Debug for RequestKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RequestKey({:032x})", self.to_u128())
+    }
+}
+
 /// Remembers how a lease ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndedLease {
@@ -682,9 +720,9 @@ pub struct Changes {
     /// Resources whose record changed (now present or deleted).
     pub resources: BTreeSet<ResourceName>,
     /// Dedup keys inserted or updated.
-    pub dedup_put: BTreeSet<RequestId>,
+    pub dedup_put: BTreeSet<RequestKey>,
     /// Dedup keys removed.
-    pub dedup_del: BTreeSet<RequestId>,
+    pub dedup_del: BTreeSet<RequestKey>,
     /// Ended-lease keys inserted.
     pub ended_put: BTreeSet<LeaseId>,
     /// Ended-lease keys removed.
@@ -718,7 +756,7 @@ pub struct Applied {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockState {
     resources: BTreeMap<ResourceName, ResourceState>,
-    dedup: HashMap<RequestId, DedupRecord>,
+    dedup: HashMap<RequestKey, DedupRecord>,
     ended: HashMap<LeaseId, EndedLease>,
     /// Token-signing public keys (DESIGN P7), by key id.
     #[serde(default)]
@@ -740,7 +778,7 @@ impl LockState {
     /// Rebuilds a state from its persisted parts.
     pub fn from_parts(
         resources: BTreeMap<ResourceName, ResourceState>,
-        dedup: HashMap<RequestId, DedupRecord>,
+        dedup: HashMap<RequestKey, DedupRecord>,
         ended: HashMap<LeaseId, EndedLease>,
     ) -> Self {
         let lock_count = resources.values().filter(|r| r.lock.is_some()).count() as u64;
@@ -779,11 +817,16 @@ impl LockState {
 
     /// The dedup record of a request id.
     pub fn dedup(&self, id: &RequestId) -> Option<&DedupRecord> {
-        self.dedup.get(id)
+        self.dedup.get(&RequestKey::of(id))
+    }
+
+    /// The dedup record under a key.
+    pub fn dedup_by_key(&self, key: &RequestKey) -> Option<&DedupRecord> {
+        self.dedup.get(key)
     }
 
     /// All dedup records.
-    pub fn dedup_records(&self) -> &HashMap<RequestId, DedupRecord> {
+    pub fn dedup_records(&self) -> &HashMap<RequestKey, DedupRecord> {
         &self.dedup
     }
 
@@ -821,7 +864,7 @@ impl LockState {
             Command::Acquire { request_id, resource, holder, ttl_ms, wait, lease_id, max_waiters } => self.acquire(
                 index,
                 at_ms,
-                request_id,
+                (request_id, RequestKey::of(request_id)),
                 resource,
                 holder,
                 *ttl_ms,
@@ -831,12 +874,13 @@ impl LockState {
                 &mut events,
             ),
             Command::AcquireInQuota { request_id, resource, holder, ttl_ms, wait, lease_id, max_waiters, quota } => {
-                match self.over_quota(request_id, resource, *wait, quota) {
+                let key = RequestKey::of(request_id);
+                match self.over_quota(&key, resource, *wait, quota) {
                     Some((limit, value)) => Outcome::Rejected(Rejection::TenantLimit { limit, value }),
                     None => self.acquire(
                         index,
                         at_ms,
-                        request_id,
+                        (request_id, key),
                         resource,
                         holder,
                         *ttl_ms,
@@ -881,12 +925,12 @@ impl LockState {
     /// id is never refused here: its recorded outcome stands (I7).
     fn over_quota(
         &self,
-        request_id: &RequestId,
+        key: &RequestKey,
         resource: &ResourceName,
         wait: bool,
         quota: &Quota,
     ) -> Option<(QuotaLimit, u64)> {
-        if self.dedup.contains_key(request_id) {
+        if self.dedup.contains_key(key) {
             return None;
         }
         let prefix = quota.prefix.as_str();
@@ -943,7 +987,7 @@ impl LockState {
         &mut self,
         index: u64,
         at_ms: u64,
-        request_id: &RequestId,
+        (request_id, key): (&RequestId, RequestKey),
         resource: &ResourceName,
         holder: &Holder,
         ttl_ms: u64,
@@ -952,7 +996,7 @@ impl LockState {
         max_waiters: u32,
         events: &mut Vec<Event>,
     ) -> Outcome {
-        if let Some(record) = self.dedup.get(request_id) {
+        if let Some(record) = self.dedup.get(&key) {
             events.push(Event::DedupHit { request_id: request_id.clone() });
             return self.replay(request_id, record, resource);
         }
@@ -1011,9 +1055,8 @@ impl LockState {
         } else {
             self.changes.resources.insert(resource.clone());
         }
-        self.dedup
-            .insert(request_id.clone(), DedupRecord { resource: ResourceHash::of(resource), outcome: dedup, at_ms });
-        self.changes.dedup_put.insert(request_id.clone());
+        self.dedup.insert(key, DedupRecord { resource: ResourceHash::of(resource), outcome: dedup, at_ms });
+        self.changes.dedup_put.insert(key);
         outcome
     }
 
@@ -1138,11 +1181,12 @@ impl LockState {
                 granted_at_ms: at_ms,
             });
             self.lock_count += 1;
-            if let Some(rec) = self.dedup.get_mut(&next.request_id) {
+            let key = RequestKey::of(&next.request_id);
+            if let Some(rec) = self.dedup.get_mut(&key) {
                 rec.outcome =
                     DedupOutcome::Granted { lease_id: next.lease_id, token, ttl_ms: next.ttl_ms, waited: true };
                 rec.at_ms = at_ms;
-                self.changes.dedup_put.insert(next.request_id.clone());
+                self.changes.dedup_put.insert(key);
             }
             events.push(Event::LeaseStarted {
                 resource: resource.clone(),
@@ -1176,10 +1220,11 @@ impl LockState {
                 self.resources.remove(resource);
             }
             self.changes.resources.insert(resource.clone());
-            if let Some(rec) = self.dedup.get_mut(request_id) {
+            let key = RequestKey::of(request_id);
+            if let Some(rec) = self.dedup.get_mut(&key) {
                 rec.outcome = DedupOutcome::WaitCancelled;
                 rec.at_ms = at_ms;
-                self.changes.dedup_put.insert(request_id.clone());
+                self.changes.dedup_put.insert(key);
             }
             events.push(Event::WaiterCancelled {
                 resource: resource.clone(),
@@ -1189,7 +1234,7 @@ impl LockState {
             });
             return Outcome::WaitCancel(CancelOutcome::Cancelled);
         }
-        match self.dedup.get(request_id) {
+        match self.dedup.get(&RequestKey::of(request_id)) {
             Some(DedupRecord {
                 resource: r,
                 outcome: DedupOutcome::Granted { lease_id, token, ttl_ms, waited },
@@ -1267,7 +1312,7 @@ impl LockState {
             // A queued request keeps its record: its retry must find its slot.
             let keep = rec.at_ms >= older_than_ms || matches!(rec.outcome, DedupOutcome::Queued { .. });
             if !keep {
-                dedup_removed.push(id.clone());
+                dedup_removed.push(*id);
             }
             keep
         });

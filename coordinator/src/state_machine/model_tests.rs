@@ -476,7 +476,7 @@ fn prune_forgets_old_records_but_keeps_queued_ones() {
     assert!(sm.dedup(&req(1)).is_none());
     assert!(sm.dedup(&req(2)).is_some(), "the queued request keeps its record");
     let changes = sm.take_changes();
-    assert!(changes.dedup_del.contains(&req(1)));
+    assert!(changes.dedup_del.contains(&RequestKey::of(&req(1))));
 }
 
 #[test]
@@ -698,4 +698,18 @@ mod signing_keys {
             }
         }
     }
+}
+
+/// The dedup and ended-lease tables hold ~240,000 records each at the seed
+/// rate (two minutes of retention): every byte of a record is ~0.5 MB of a
+/// node's memory, before the hash tables' power-of-two slack. These are the
+/// sizes docs/performance.md counts with; a field that grows them (a `u128`,
+/// whose 16-byte alignment pads the record, or a heap-allocated key) fails here.
+#[test]
+fn retained_records_stay_compact() {
+    use std::mem::size_of;
+    assert_eq!(size_of::<LeaseId>(), 16);
+    assert_eq!(std::mem::align_of::<LeaseId>(), 8, "a lease id must not force 16-byte alignment");
+    assert!(size_of::<(RequestKey, DedupRecord)>() <= 72);
+    assert!(size_of::<(LeaseId, EndedLease)>() <= 48);
 }

@@ -30,14 +30,14 @@ use futures::{Stream, TryStreamExt};
 use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, LogId, OptionalSend, StoredMembership};
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use serde::{Deserialize, Serialize};
 
 use super::codec::{decode, encode, io_err};
 use crate::audit::{AuditLog, AuditRecord, records_for};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::state_machine::{Applied, Changes, LockState, LogCommand, Outcome};
+use crate::state_machine::{Applied, Changes, LockState, LogCommand, Outcome, RequestKey};
 use crate::types::{LeaseId, RequestId, ResourceName, TypeConfig};
 use fencer_token::KeyId;
 
@@ -47,7 +47,11 @@ type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
 type Snapshot = openraft::alias::SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;
 
 const RESOURCES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("resources");
-const DEDUP: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("dedup");
+/// Dedup records by [`RequestKey`] (state files since snapshot format 4).
+const DEDUP: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("dedup_by_key");
+/// Dedup records by request id text, as files before format 4 kept them;
+/// moved into [`DEDUP`] when such a file is opened.
+const LEGACY_DEDUP: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("dedup");
 const ENDED: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("ended");
 const SM_META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("sm_meta");
 /// Token-signing public keys by key id (DESIGN P7); added in snapshot format 3.
@@ -55,11 +59,19 @@ const SIGNING_KEYS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("sig
 
 const KEY_APPLIED: &str = "applied";
 const KEY_MEMBERSHIP: &str = "membership";
-/// The snapshot format written: 3 added the signing keys. Format 2 files
-/// and bodies (no signing keys) are still read.
-const SNAPSHOT_FORMAT: u32 = 3;
-/// The previous format, still accepted.
+/// The snapshot format written: 4 keys dedup records by [`RequestKey`] and
+/// starts its body with [`FORMAT_4_TAG`]; 3 added the signing keys. Format 3
+/// and 2 files and bodies are still read.
+const SNAPSHOT_FORMAT: u32 = 4;
+/// Dedup records by request id text, with signing keys; still accepted.
+const SNAPSHOT_FORMAT_V3: u32 = 3;
+/// No signing keys; still accepted.
 const SNAPSHOT_FORMAT_V2: u32 = 2;
+/// The first value of a format-4 body ("fencer04"). Bodies sent between
+/// nodes carry no format number; formats 2 and 3 begin with the number of
+/// resources, which is never this large, so no body passes for another
+/// format.
+const FORMAT_4_TAG: u64 = u64::from_be_bytes(*b"fencer04");
 /// redb's page cache for the state file (its default is 1 GiB). The state is
 /// served from memory; redb's cache only speeds up batch commits.
 pub(crate) const STATE_CACHE_BYTES: usize = 16 << 20;
@@ -161,6 +173,7 @@ impl StateMachineStore {
             let w = db.begin_write().map_err(|e| io_err("begin", e))?;
             w.open_table(RESOURCES).map_err(|e| io_err("open resources", e))?;
             w.open_table(DEDUP).map_err(|e| io_err("open dedup", e))?;
+            migrate_legacy_dedup(&w)?;
             w.open_table(ENDED).map_err(|e| io_err("open ended", e))?;
             w.open_table(SM_META).map_err(|e| io_err("open sm_meta", e))?;
             w.open_table(SIGNING_KEYS).map_err(|e| io_err("open signing_keys", e))?;
@@ -251,9 +264,32 @@ impl Shared {
 }
 
 /// The state tables, values still encoded: what a snapshot carries
-/// (format 3; format 2 lacked `signing_keys`).
+/// (format 4, after [`FORMAT_4_TAG`]).
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct TableDump {
+    resources: Vec<(String, Vec<u8>)>,
+    dedup: Vec<(u128, Vec<u8>)>,
+    ended: Vec<(u128, Vec<u8>)>,
+    signing_keys: Vec<(String, Vec<u8>)>,
+}
+
+/// A format-4 body as written: the tag, then the tables.
+#[derive(Serialize)]
+struct TaggedDumpRef<'a> {
+    tag: u64,
+    dump: &'a TableDump,
+}
+
+/// A format-4 body as read.
+#[derive(Deserialize)]
+struct TaggedDump {
+    tag: u64,
+    dump: TableDump,
+}
+
+/// A format-3 snapshot body: dedup records by request id text.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct TableDumpV3 {
     resources: Vec<(String, Vec<u8>)>,
     dedup: Vec<(String, Vec<u8>)>,
     ended: Vec<(u128, Vec<u8>)>,
@@ -268,33 +304,92 @@ struct TableDumpV2 {
     ended: Vec<(u128, Vec<u8>)>,
 }
 
+/// Re-keys dedup rows stored by request id text (formats 2 and 3).
+fn keyed_dedup(rows: Vec<(String, Vec<u8>)>) -> io::Result<Vec<(u128, Vec<u8>)>> {
+    rows.into_iter()
+        .map(|(id, v)| {
+            let id = RequestId::new(id).map_err(|e| io_err("stored request id", e))?;
+            Ok((RequestKey::of(&id).to_u128(), v))
+        })
+        .collect()
+}
+
 impl TableDump {
-    /// Decodes a snapshot body of format `format` (3 or 2).
+    /// Encodes the tables as a format-4 body.
+    fn encode_body(&self) -> io::Result<Vec<u8>> {
+        encode(&TaggedDumpRef { tag: FORMAT_4_TAG, dump: self })
+    }
+
+    /// Decodes a snapshot body of format `format` (4, 3 or 2).
     fn decode_format(bytes: &[u8], format: u32) -> io::Result<Self> {
         match format {
-            SNAPSHOT_FORMAT => exact(bytes, "snapshot"),
+            SNAPSHOT_FORMAT => {
+                let body: TaggedDump = exact(bytes, "snapshot")?;
+                if body.tag != FORMAT_4_TAG {
+                    return Err(io_err("decode snapshot", "not a format-4 body (its tag is wrong)"));
+                }
+                Ok(body.dump)
+            }
+            SNAPSHOT_FORMAT_V3 => {
+                let v3: TableDumpV3 = exact(bytes, "format-3 snapshot")?;
+                Ok(Self {
+                    resources: v3.resources,
+                    dedup: keyed_dedup(v3.dedup)?,
+                    ended: v3.ended,
+                    signing_keys: v3.signing_keys,
+                })
+            }
             SNAPSHOT_FORMAT_V2 => {
                 let v2: TableDumpV2 = exact(bytes, "format-2 snapshot")?;
-                Ok(Self { resources: v2.resources, dedup: v2.dedup, ended: v2.ended, signing_keys: Vec::new() })
+                Ok(Self {
+                    resources: v2.resources,
+                    dedup: keyed_dedup(v2.dedup)?,
+                    ended: v2.ended,
+                    signing_keys: Vec::new(),
+                })
             }
             other => Err(io_err("snapshot", format!("unknown snapshot format {other}"))),
         }
     }
 
     /// Decodes a snapshot body received from a leader, which carries no
-    /// format number: format 3, else format 2 (a leader not upgraded yet).
-    /// A format-2 body is exactly the first three lists, so it never decodes
-    /// as format 3 (the fourth list is missing), and a format-3 body never
-    /// decodes exactly as format 2 (bytes would be left over).
-    /// Returns the dump and the format it was in.
+    /// format number: format 4 (it starts with its tag), else 3, else 2 (a
+    /// leader not upgraded yet). A format-2 body is exactly the first three
+    /// lists, so it never decodes as format 3 (the fourth list is missing),
+    /// and a format-3 body never decodes exactly as format 2 (bytes would be
+    /// left over). Returns the dump and the format it was in.
     fn decode_any(bytes: &[u8]) -> io::Result<(Self, u32)> {
-        match Self::decode_format(bytes, SNAPSHOT_FORMAT) {
-            Ok(dump) => Ok((dump, SNAPSHOT_FORMAT)),
-            Err(e3) => Self::decode_format(bytes, SNAPSHOT_FORMAT_V2)
-                .map(|dump| (dump, SNAPSHOT_FORMAT_V2))
-                .map_err(|e2| io_err("snapshot", format!("neither format 3 ({e3}) nor format 2 ({e2})"))),
+        let mut errors = Vec::new();
+        for format in [SNAPSHOT_FORMAT, SNAPSHOT_FORMAT_V3, SNAPSHOT_FORMAT_V2] {
+            match Self::decode_format(bytes, format) {
+                Ok(dump) => return Ok((dump, format)),
+                Err(e) => errors.push(format!("format {format}: {e}")),
+            }
         }
+        Err(io_err("snapshot", format!("no known format fits ({})", errors.join("; "))))
     }
+}
+
+/// Moves the dedup rows of a file written before format 4 (keyed by request
+/// id text) into the table keyed by [`RequestKey`], and drops the old table,
+/// in the caller's transaction.
+fn migrate_legacy_dedup(w: &redb::WriteTransaction) -> io::Result<()> {
+    let legacy = w.list_tables().map_err(|e| io_err("list tables", e))?.any(|t| t.name() == LEGACY_DEDUP.name());
+    if !legacy {
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    for item in
+        w.open_table(LEGACY_DEDUP).map_err(|e| io_err("open dedup", e))?.iter().map_err(|e| io_err("iter", e))?
+    {
+        let (k, v) = item.map_err(|e| io_err("read dedup", e))?;
+        rows.push((k.value().to_string(), v.value().to_vec()));
+    }
+    let rows = keyed_dedup(rows)?;
+    write_num_rows(w, DEDUP, rows.iter().map(|(k, v)| (*k, Some(v.as_slice()))), "dedup")?;
+    w.delete_table(LEGACY_DEDUP).map_err(|e| io_err("drop the old dedup table", e))?;
+    tracing::info!(records = rows.len(), "moved dedup records to the format-4 table");
+    Ok(())
 }
 
 /// Decodes a postcard value that must use every byte.
@@ -313,21 +408,64 @@ fn exact<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> io::Result
 
 /// Reads every state table from one consistent read transaction.
 fn dump_tables(r: &redb::ReadTransaction) -> io::Result<TableDump> {
-    let mut dump = TableDump {
+    Ok(TableDump {
         resources: read_rows(r, RESOURCES, "resources")?,
-        dedup: read_rows(r, DEDUP, "dedup")?,
+        dedup: read_num_rows(r, DEDUP, "dedup")?,
+        ended: read_num_rows(r, ENDED, "ended")?,
         signing_keys: read_rows(r, SIGNING_KEYS, "signing_keys")?,
-        ..TableDump::default()
-    };
-    for item in r.open_table(ENDED).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
-        let (k, v) = item.map_err(|e| io_err("read ended", e))?;
-        dump.ended.push((k.value(), v.value().to_vec()));
-    }
-    Ok(dump)
+    })
 }
 
-/// The state tables keyed by text (all but `ended`).
+/// The state tables keyed by text.
 type TextTable = TableDefinition<'static, &'static str, &'static [u8]>;
+/// The state tables keyed by a 128-bit number (`dedup`, `ended`).
+type NumTable = TableDefinition<'static, u128, &'static [u8]>;
+
+/// Every row of a number-keyed table.
+fn read_num_rows(r: &redb::ReadTransaction, def: NumTable, what: &str) -> io::Result<Vec<(u128, Vec<u8>)>> {
+    let mut rows = Vec::new();
+    for item in r.open_table(def).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
+        let (k, v) = item.map_err(|e| io_err(&format!("read {what}"), e))?;
+        rows.push((k.value(), v.value().to_vec()));
+    }
+    Ok(rows)
+}
+
+/// Puts (`Some`) or removes (`None`) rows of a number-keyed table.
+fn write_num_rows<'a>(
+    tx: &redb::WriteTransaction,
+    def: NumTable,
+    rows: impl IntoIterator<Item = (u128, Option<&'a [u8]>)>,
+    what: &str,
+) -> io::Result<()> {
+    let mut rows = rows.into_iter().peekable();
+    if rows.peek().is_none() {
+        return Ok(());
+    }
+    let mut t = tx.open_table(def).map_err(|e| io_err("open", e))?;
+    for (k, v) in rows {
+        match v {
+            Some(v) => t.insert(k, v).map(|_| ()),
+            None => t.remove(k).map(|_| ()),
+        }
+        .map_err(|e| io_err(&format!("write {what}"), e))?;
+    }
+    Ok(())
+}
+
+/// Empties a number-keyed table and fills it with `rows`.
+fn replace_num_rows(
+    tx: &redb::WriteTransaction,
+    def: NumTable,
+    rows: &[(u128, Vec<u8>)],
+    what: &str,
+) -> io::Result<()> {
+    tx.open_table(def)
+        .map_err(|e| io_err("open", e))?
+        .retain(|_, _| false)
+        .map_err(|e| io_err(&format!("clear {what}"), e))?;
+    write_num_rows(tx, def, rows.iter().map(|(k, v)| (*k, Some(v.as_slice()))), what)
+}
 
 /// Every row of a text-keyed table.
 fn read_rows(r: &redb::ReadTransaction, def: TextTable, what: &str) -> io::Result<Vec<(String, Vec<u8>)>> {
@@ -379,8 +517,7 @@ fn state_from_dump(dump: &TableDump) -> io::Result<LockState> {
     }
     let mut dedup = HashMap::with_capacity(dump.dedup.len());
     for (k, v) in &dump.dedup {
-        let id = RequestId::new(k.as_str()).map_err(|e| io_err("stored request id", e))?;
-        dedup.insert(id, decode(v, "dedup record")?);
+        dedup.insert(RequestKey::from_u128(*k), decode(v, "dedup record")?);
     }
     let mut ended = HashMap::with_capacity(dump.ended.len());
     for (k, v) in &dump.ended {
@@ -413,7 +550,7 @@ fn load(db: &Database) -> io::Result<(LockState, Option<LogIdT>, Membership)> {
 #[derive(Default)]
 struct Writes {
     resources: Vec<(String, Option<Vec<u8>>)>,
-    dedup: Vec<(String, Option<Vec<u8>>)>,
+    dedup: Vec<(u128, Option<Vec<u8>>)>,
     ended: Vec<(u128, Option<Vec<u8>>)>,
     signing_keys: Vec<(String, Option<Vec<u8>>)>,
 }
@@ -424,12 +561,12 @@ fn gather(state: &LockState, changes: Changes) -> io::Result<Writes> {
         let value = state.resource(&name).map(encode).transpose()?;
         w.resources.push((name.as_str().to_string(), value));
     }
-    for id in changes.dedup_put {
-        let value = state.dedup(&id).map(encode).transpose()?;
-        w.dedup.push((id.as_str().to_string(), value));
+    for key in changes.dedup_put {
+        let value = state.dedup_by_key(&key).map(encode).transpose()?;
+        w.dedup.push((key.to_u128(), value));
     }
-    for id in changes.dedup_del {
-        w.dedup.push((id.as_str().to_string(), None));
+    for key in changes.dedup_del {
+        w.dedup.push((key.to_u128(), None));
     }
     for id in changes.ended_put {
         let value = state.ended(&id).map(encode).transpose()?;
@@ -453,17 +590,11 @@ fn write_changes<'a>(
     membership: Option<&Membership>,
 ) -> io::Result<()> {
     let text = |rows: &'a [(String, Option<Vec<u8>>)]| rows.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
+    let num = |rows: &'a [(u128, Option<Vec<u8>>)]| rows.iter().map(|(k, v)| (*k, v.as_deref()));
     write_rows(tx, RESOURCES, text(&writes.resources), "resource")?;
-    write_rows(tx, DEDUP, text(&writes.dedup), "dedup")?;
+    write_num_rows(tx, DEDUP, num(&writes.dedup), "dedup")?;
+    write_num_rows(tx, ENDED, num(&writes.ended), "ended")?;
     write_rows(tx, SIGNING_KEYS, text(&writes.signing_keys), "signing key")?;
-    let mut t = tx.open_table(ENDED).map_err(|e| io_err("open", e))?;
-    for (k, v) in &writes.ended {
-        match v {
-            Some(v) => t.insert(*k, v.as_slice()).map(|_| ()),
-            None => t.remove(*k).map(|_| ()),
-        }
-        .map_err(|e| io_err("write ended", e))?;
-    }
     let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
     t.insert(KEY_APPLIED, encode(applied)?.as_slice()).map_err(|e| io_err("write applied", e))?;
     if let Some(m) = membership {
@@ -634,13 +765,9 @@ impl Persister {
         let tx = self.db.begin_write().map_err(|e| io_err("begin", e))?;
         {
             replace_rows(&tx, RESOURCES, &dump.resources, "resources")?;
-            replace_rows(&tx, DEDUP, &dump.dedup, "dedup")?;
+            replace_num_rows(&tx, DEDUP, &dump.dedup, "dedup")?;
+            replace_num_rows(&tx, ENDED, &dump.ended, "ended")?;
             replace_rows(&tx, SIGNING_KEYS, &dump.signing_keys, "signing_keys")?;
-            let mut t = tx.open_table(ENDED).map_err(|e| io_err("open", e))?;
-            t.retain(|_, _| false).map_err(|e| io_err("clear ended", e))?;
-            for (k, v) in &dump.ended {
-                t.insert(*k, v.as_slice()).map_err(|e| io_err("write ended", e))?;
-            }
             let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
             match &meta.last_log_id {
                 Some(l) => t.insert(KEY_APPLIED, encode(l)?.as_slice()).map(|_| ()),
@@ -801,8 +928,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let state = match header.format {
                 SNAPSHOT_FORMAT => state,
                 // An older file: re-encode its body in today's format, so
-                // every body this store hands out is format 3.
-                SNAPSHOT_FORMAT_V2 => encode(&TableDump::decode_format(&state, SNAPSHOT_FORMAT_V2)?)?,
+                // every body this store hands out is format 4.
+                f @ (SNAPSHOT_FORMAT_V3 | SNAPSHOT_FORMAT_V2) => TableDump::decode_format(&state, f)?.encode_body()?,
                 other => {
                     return Err(io_err("snapshot", format!("unknown format {other} in {}", path.display())));
                 }
@@ -878,7 +1005,7 @@ async fn build(shared: &Shared) -> io::Result<Snapshot> {
     let dir = shared.snapshot_dir.clone();
     let file_meta = meta.clone();
     let (body, size) = tokio::task::spawn_blocking(move || -> io::Result<(Vec<u8>, usize)> {
-        let body = encode(&dump)?;
+        let body = dump.encode_body()?;
         let size = write_snapshot_file(&dir, &file_meta, &body)?;
         Ok((body, size))
     })
@@ -906,7 +1033,7 @@ async fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Res
             let (dump, format) = TableDump::decode_any(&bytes)?;
             let state = state_from_dump(&dump)?;
             // The file always holds today's format, whatever the leader sent.
-            let body = if format == SNAPSHOT_FORMAT { bytes } else { encode(&dump)? };
+            let body = if format == SNAPSHOT_FORMAT { bytes } else { dump.encode_body()? };
             Ok((dump, state, body))
         })
         .await
@@ -1028,12 +1155,8 @@ mod tests {
         );
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn t31_format_2_snapshots_still_load() {
-        // A state with one held lock, dumped the way format 2 did.
-        let src = TempDir::new().unwrap();
-        let mut sm = open(src.path());
-        let acquire = Command::Acquire {
+    fn acquire_cmd() -> Command {
+        Command::Acquire {
             request_id: RequestId::new("request-0001").unwrap(),
             resource: ResourceName::new("orders/1").unwrap(),
             holder: crate::types::Holder::new("h").unwrap(),
@@ -1041,36 +1164,112 @@ mod tests {
             wait: false,
             lease_id: LeaseId::from_u128(7),
             max_waiters: 8,
-        };
-        sm.apply(stream::iter([Ok((entry(1, acquire), None))])).await.unwrap();
-        let v3 = sm.build_snapshot().await.unwrap();
-        let dump = TableDump::decode_format(v3.snapshot.get_ref(), SNAPSHOT_FORMAT).unwrap();
-        let v2 = encode(&TableDumpV2 { resources: dump.resources, dedup: dump.dedup, ended: dump.ended }).unwrap();
-        assert!(TableDump::decode_format(&v2, SNAPSHOT_FORMAT).is_err(), "a format-2 body is not format 3");
-        assert!(
-            TableDump::decode_format(v3.snapshot.get_ref(), SNAPSHOT_FORMAT_V2).is_err(),
-            "a format-3 body is not format 2"
-        );
-
-        // Sent by a leader that was not upgraded yet.
-        let dst = TempDir::new().unwrap();
-        let mut fresh = open(dst.path());
-        fresh.install_snapshot(&v3.meta, Cursor::new(v2.clone())).await.unwrap();
-        assert!(fresh.read().resource(&ResourceName::new("orders/1").unwrap()).is_some());
-        assert!(fresh.read().signing_keys().is_empty());
-
-        // A format-2 file left by the previous version, read at start.
-        let dir = dst.path().join(SNAPSHOT_DIR);
-        for f in std::fs::read_dir(&dir).unwrap() {
-            std::fs::remove_file(f.unwrap().path()).unwrap();
         }
-        let header = encode(&SnapshotHeader { format: SNAPSHOT_FORMAT_V2, meta: v3.meta.clone() }).unwrap();
-        let mut file = (header.len() as u32).to_le_bytes().to_vec();
-        file.extend_from_slice(&header);
-        file.extend_from_slice(&v2);
-        std::fs::write(dir.join(snapshot_name(1)), file).unwrap();
-        let current = fresh.get_current_snapshot().await.unwrap().expect("the old file is read");
-        let body = TableDump::decode_format(current.snapshot.get_ref(), SNAPSHOT_FORMAT).unwrap();
-        assert_eq!(body.resources.len(), 1, "handed out in today's format");
+    }
+
+    /// The one acquire's retry still finds its record (I7).
+    fn assert_retry_replays(sm: &StateMachineStore, what: &str) {
+        let state = sm.read();
+        assert!(state.resource(&ResourceName::new("orders/1").unwrap()).is_some(), "{what}: the lock");
+        let record = state.dedup(&RequestId::new("request-0001").unwrap());
+        assert!(
+            matches!(record.map(|r| &r.outcome), Some(crate::state_machine::DedupOutcome::Granted { lease_id, .. }) if lease_id.to_u128() == 7),
+            "{what}: the request id's record, found by its text: {record:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t31_format_2_and_3_snapshots_still_load() {
+        // A state with one held lock and its dedup record, dumped the way
+        // formats 3 (dedup by request id text) and 2 (no signing keys) did.
+        let src = TempDir::new().unwrap();
+        let mut sm = open(src.path());
+        sm.apply(stream::iter([Ok((entry(1, acquire_cmd()), None))])).await.unwrap();
+        let v4 = sm.build_snapshot().await.unwrap();
+        let dump = TableDump::decode_format(v4.snapshot.get_ref(), SNAPSHOT_FORMAT).unwrap();
+        assert_eq!(dump.dedup.len(), 1);
+        let text_dedup = vec![("request-0001".to_string(), dump.dedup[0].1.clone())];
+        let v3 = encode(&TableDumpV3 {
+            resources: dump.resources.clone(),
+            dedup: text_dedup.clone(),
+            ended: dump.ended.clone(),
+            signing_keys: dump.signing_keys.clone(),
+        })
+        .unwrap();
+        let v2 = encode(&TableDumpV2 { resources: dump.resources, dedup: text_dedup, ended: dump.ended }).unwrap();
+        for (body, format) in [(&v3, SNAPSHOT_FORMAT_V3), (&v2, SNAPSHOT_FORMAT_V2)] {
+            assert!(TableDump::decode_format(body, SNAPSHOT_FORMAT).is_err(), "format {format} is not format 4");
+            assert!(
+                TableDump::decode_format(v4.snapshot.get_ref(), format).is_err(),
+                "format 4 is not format {format}"
+            );
+        }
+        assert!(TableDump::decode_format(&v2, SNAPSHOT_FORMAT_V3).is_err(), "format 2 is not format 3");
+        assert!(TableDump::decode_format(&v3, SNAPSHOT_FORMAT_V2).is_err(), "format 3 is not format 2");
+
+        for (body, format) in [(v3, SNAPSHOT_FORMAT_V3), (v2, SNAPSHOT_FORMAT_V2)] {
+            // Sent by a leader that was not upgraded yet.
+            let dst = TempDir::new().unwrap();
+            let mut fresh = open(dst.path());
+            fresh.install_snapshot(&v4.meta, Cursor::new(body.clone())).await.unwrap();
+            assert_retry_replays(&fresh, &format!("format-{format} body installed"));
+
+            // A file left by the previous version, read at start.
+            let dir = dst.path().join(SNAPSHOT_DIR);
+            for f in std::fs::read_dir(&dir).unwrap() {
+                std::fs::remove_file(f.unwrap().path()).unwrap();
+            }
+            let header = encode(&SnapshotHeader { format, meta: v4.meta.clone() }).unwrap();
+            let mut file = (header.len() as u32).to_le_bytes().to_vec();
+            file.extend_from_slice(&header);
+            file.extend_from_slice(&body);
+            std::fs::write(dir.join(snapshot_name(1)), file).unwrap();
+            let current = fresh.get_current_snapshot().await.unwrap().expect("the old file is read");
+            let today = TableDump::decode_format(current.snapshot.get_ref(), SNAPSHOT_FORMAT).unwrap();
+            assert_eq!((today.resources.len(), today.dedup.len()), (1, 1), "format {format} handed out as format 4");
+        }
+    }
+
+    /// The state file opened with redb alone, once the store's persister
+    /// has let go of it.
+    async fn raw_db(dir: &Path) -> Database {
+        for _ in 0..200 {
+            if let Ok(db) = Database::create(dir.join(STATE_FILE)) {
+                return db;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("the state file stayed locked");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t32_a_state_file_with_text_keyed_dedup_is_moved_on_open() {
+        let dir = TempDir::new().unwrap();
+        let mut sm = open(dir.path());
+        sm.apply(stream::iter([Ok((entry(1, acquire_cmd()), None))])).await.unwrap();
+        sm.sync().await.unwrap();
+        drop(sm);
+        // Rewrite the file the way versions before format 4 kept dedup rows.
+        {
+            let db = raw_db(dir.path()).await;
+            let w = db.begin_write().unwrap();
+            let rows = {
+                let t = w.open_table(DEDUP).unwrap();
+                t.iter().unwrap().map(|i| i.unwrap().1.value().to_vec()).collect::<Vec<_>>()
+            };
+            assert_eq!(rows.len(), 1);
+            w.open_table(LEGACY_DEDUP).unwrap().insert("request-0001", rows[0].as_slice()).unwrap();
+            assert!(w.delete_table(DEDUP).unwrap());
+            w.commit().unwrap();
+        }
+        let sm = reopen(dir.path()).await;
+        assert_retry_replays(&sm, "after the move");
+        drop(sm);
+        let sm = reopen(dir.path()).await;
+        assert_retry_replays(&sm, "reopened once more");
+        drop(sm);
+        let db = raw_db(dir.path()).await;
+        let r = db.begin_read().unwrap();
+        assert!(r.list_tables().unwrap().all(|t| t.name() != LEGACY_DEDUP.name()), "the old table is dropped");
     }
 }
