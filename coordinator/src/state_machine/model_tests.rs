@@ -701,8 +701,8 @@ mod signing_keys {
 }
 
 /// The dedup and ended-lease tables hold ~240,000 records each at the seed
-/// rate (two minutes of retention): every byte of a record is ~0.5 MB of a
-/// node's memory, before the hash tables' power-of-two slack. These are the
+/// rate (two minutes of retention): every byte of a record is ~0.3 MB of a
+/// node's memory once B-tree node slack is counted. These are the
 /// sizes docs/performance.md counts with; a field that grows them (a `u128`,
 /// whose 16-byte alignment pads the record, or a heap-allocated key) fails here.
 #[test]

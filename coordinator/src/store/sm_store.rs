@@ -19,7 +19,7 @@
 //! they describe and syncs them before every durable commit, so the audit
 //! file is never behind the state file.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::{self, Cursor, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
@@ -585,11 +585,11 @@ fn state_from_dump(dump: &TableDump) -> io::Result<LockState> {
         let name = ResourceName::new(k.as_str()).map_err(|e| io_err("stored resource name", e))?;
         resources.insert(name, decode(v, "resource state")?);
     }
-    let mut dedup = HashMap::with_capacity(dump.dedup.len());
+    let mut dedup = BTreeMap::new();
     for (k, v) in &dump.dedup {
         dedup.insert(RequestKey::from_u128(*k), decode(v, "dedup record")?);
     }
-    let mut ended = HashMap::with_capacity(dump.ended.len());
+    let mut ended = BTreeMap::new();
     for (k, v) in &dump.ended {
         ended.insert(LeaseId::from_u128(*k), decode(v, "ended lease")?);
     }
