@@ -40,7 +40,7 @@ const KEY_COMMITTED: &str = "committed";
 const KEY_PURGED: &str = "last_purged";
 
 /// Flushed entries kept in memory for replication reads, beyond unflushed ones.
-const CACHE_FLUSHED_ENTRIES: usize = 16_384;
+const CACHE_FLUSHED_ENTRIES: usize = 8_192;
 /// redb's page cache for the log file (its default is 1 GiB). Replication
 /// reads recent entries from the in-memory cache above, so this stays small.
 pub(crate) const LOG_CACHE_BYTES: usize = 8 << 20;

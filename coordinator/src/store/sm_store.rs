@@ -74,7 +74,7 @@ const SNAPSHOT_FORMAT_V2: u32 = 2;
 const FORMAT_4_TAG: u64 = u64::from_be_bytes(*b"fencer04");
 /// redb's page cache for the state file (its default is 1 GiB). The state is
 /// served from memory; redb's cache only speeds up batch commits.
-pub(crate) const STATE_CACHE_BYTES: usize = 16 << 20;
+pub(crate) const STATE_CACHE_BYTES: usize = 8 << 20;
 
 /// Told about every applied entry, on the applying thread, in log order.
 pub trait ApplyObserver: Send + Sync + 'static {
