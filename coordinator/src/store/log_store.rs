@@ -203,24 +203,25 @@ fn read_saved(db: &Database) -> io::Result<Saved> {
 fn flusher_loop(shared: Arc<Shared>, rx: std_mpsc::Receiver<Op>) {
     let mut last_durable: Option<tokio::time::Instant> = None;
     while let Ok(first) = rx.recv() {
+        let mut durable = first.needs_fsync();
         let mut ops = vec![first];
         let gather_until = last_durable.map(|t| t + MIN_COMMIT_GAP);
         while ops.len() < MAX_GROUP {
             let next = match gather_until {
-                Some(until) if ops.iter().any(Op::needs_fsync) => {
-                    match until.checked_duration_since(tokio::time::Instant::now()) {
-                        Some(left) => rx.recv_timeout(left).ok(),
-                        None => rx.try_recv().ok(),
-                    }
-                }
+                Some(until) if durable => match until.checked_duration_since(tokio::time::Instant::now()) {
+                    Some(left) => rx.recv_timeout(left).ok(),
+                    None => rx.try_recv().ok(),
+                },
                 _ => rx.try_recv().ok(),
             };
             match next {
-                Some(op) => ops.push(op),
+                Some(op) => {
+                    durable |= op.needs_fsync();
+                    ops.push(op);
+                }
                 None => break,
             }
         }
-        let durable = ops.iter().any(Op::needs_fsync);
         let started = tokio::time::Instant::now();
         let result = write_group(&shared.db, &ops, durable);
         if durable {
