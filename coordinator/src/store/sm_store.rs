@@ -397,8 +397,8 @@ fn migrate_legacy_dedup(w: &redb::WriteTransaction) -> io::Result<()> {
         let (k, v) = item.map_err(|e| io_err("read dedup", e))?;
         rows.push((k.value().to_string(), v.value().to_vec()));
     }
-    let rows = keyed_dedup(rows)?;
-    write_num_rows(w, DEDUP, rows.iter().map(|(k, v)| (*k, Some(v.as_slice()))), "dedup")?;
+    let rows: Vec<_> = keyed_dedup(rows)?.into_iter().map(|(k, v)| (k, Some(v))).collect();
+    write_rows(w, DEDUP, &rows, "dedup")?;
     w.delete_table(LEGACY_DEDUP).map_err(|e| io_err("drop the old dedup table", e))?;
     tracing::info!(records = rows.len(), "moved dedup records to the format-4 table");
     Ok(())
@@ -422,8 +422,8 @@ fn exact<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> io::Result
 fn dump_tables(r: &redb::ReadTransaction) -> io::Result<TableDump> {
     Ok(TableDump {
         resources: read_rows(r, RESOURCES, "resources")?,
-        dedup: read_num_rows(r, DEDUP, "dedup")?,
-        ended: read_num_rows(r, ENDED, "ended")?,
+        dedup: read_rows(r, DEDUP, "dedup")?,
+        ended: read_rows(r, ENDED, "ended")?,
         signing_keys: read_rows(r, SIGNING_KEYS, "signing_keys")?,
     })
 }
@@ -486,96 +486,84 @@ where
     }
 }
 
-/// The state tables keyed by text.
-type TextTable = TableDefinition<'static, &'static str, &'static [u8]>;
-/// The state tables keyed by a 128-bit number (`dedup`, `ended`).
-type NumTable = TableDefinition<'static, u128, &'static [u8]>;
+/// A state table's key as dumps and batches hold it: text (`resources`,
+/// `signing_keys`) or a 128-bit number (`dedup`, `ended`).
+trait RowKey: Sized {
+    /// The key type of the redb table.
+    type Stored: redb::Key + 'static;
+    /// The key as the table takes it.
+    fn stored(&self) -> <Self::Stored as redb::Value>::SelfType<'_>;
+    /// The key as read from the table.
+    fn owned(key: <Self::Stored as redb::Value>::SelfType<'_>) -> Self;
+}
 
-/// Every row of a number-keyed table.
-fn read_num_rows(r: &redb::ReadTransaction, def: NumTable, what: &str) -> io::Result<Vec<(u128, Vec<u8>)>> {
+impl RowKey for String {
+    type Stored = &'static str;
+    fn stored(&self) -> &str {
+        self.as_str()
+    }
+    fn owned(key: &str) -> Self {
+        key.to_string()
+    }
+}
+
+impl RowKey for u128 {
+    type Stored = u128;
+    fn stored(&self) -> u128 {
+        *self
+    }
+    fn owned(key: u128) -> Self {
+        key
+    }
+}
+
+/// A state table whose rows are keyed by `K`.
+type StateTable<K> = TableDefinition<'static, <K as RowKey>::Stored, &'static [u8]>;
+
+/// Every row of a state table.
+fn read_rows<K: RowKey>(r: &redb::ReadTransaction, def: StateTable<K>, what: &str) -> io::Result<Vec<(K, Vec<u8>)>> {
     let mut rows = Vec::new();
     for item in r.open_table(def).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
         let (k, v) = item.map_err(|e| io_err(&format!("read {what}"), e))?;
-        rows.push((k.value(), v.value().to_vec()));
+        rows.push((K::owned(k.value()), v.value().to_vec()));
     }
     Ok(rows)
 }
 
-/// Puts (`Some`) or removes (`None`) rows of a number-keyed table.
-fn write_num_rows<'a>(
+/// Puts (`Some`) or removes (`None`) rows of a state table.
+fn write_rows<K: RowKey>(
     tx: &redb::WriteTransaction,
-    def: NumTable,
-    rows: impl IntoIterator<Item = (u128, Option<&'a [u8]>)>,
+    def: StateTable<K>,
+    rows: &[(K, Option<Vec<u8>>)],
     what: &str,
 ) -> io::Result<()> {
-    let mut rows = rows.into_iter().peekable();
-    if rows.peek().is_none() {
-        return Ok(());
-    }
-    let mut t = tx.open_table(def).map_err(|e| io_err("open", e))?;
-    for (k, v) in rows {
-        match v {
-            Some(v) => t.insert(k, v).map(|_| ()),
-            None => t.remove(k).map(|_| ()),
-        }
-        .map_err(|e| io_err(&format!("write {what}"), e))?;
-    }
-    Ok(())
-}
-
-/// Empties a number-keyed table and fills it with `rows`.
-fn replace_num_rows(
-    tx: &redb::WriteTransaction,
-    def: NumTable,
-    rows: &[(u128, Vec<u8>)],
-    what: &str,
-) -> io::Result<()> {
-    tx.open_table(def)
-        .map_err(|e| io_err("open", e))?
-        .retain(|_, _| false)
-        .map_err(|e| io_err(&format!("clear {what}"), e))?;
-    write_num_rows(tx, def, rows.iter().map(|(k, v)| (*k, Some(v.as_slice()))), what)
-}
-
-/// Every row of a text-keyed table.
-fn read_rows(r: &redb::ReadTransaction, def: TextTable, what: &str) -> io::Result<Vec<(String, Vec<u8>)>> {
-    let mut rows = Vec::new();
-    for item in r.open_table(def).map_err(|e| io_err("open", e))?.iter().map_err(|e| io_err("iter", e))? {
-        let (k, v) = item.map_err(|e| io_err(&format!("read {what}"), e))?;
-        rows.push((k.value().to_string(), v.value().to_vec()));
-    }
-    Ok(rows)
-}
-
-/// Puts (`Some`) or removes (`None`) rows of a text-keyed table.
-fn write_rows<'a>(
-    tx: &redb::WriteTransaction,
-    def: TextTable,
-    rows: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
-    what: &str,
-) -> io::Result<()> {
-    let mut rows = rows.into_iter().peekable();
-    if rows.peek().is_none() {
+    if rows.is_empty() {
         return Ok(()); // most batches change no signing key: do not even open the table
     }
     let mut t = tx.open_table(def).map_err(|e| io_err("open", e))?;
     for (k, v) in rows {
         match v {
-            Some(v) => t.insert(k, v).map(|_| ()),
-            None => t.remove(k).map(|_| ()),
+            Some(v) => t.insert(k.stored(), v.as_slice()).map(|_| ()),
+            None => t.remove(k.stored()).map(|_| ()),
         }
         .map_err(|e| io_err(&format!("write {what}"), e))?;
     }
     Ok(())
 }
 
-/// Empties a text-keyed table and fills it with `rows`.
-fn replace_rows(tx: &redb::WriteTransaction, def: TextTable, rows: &[(String, Vec<u8>)], what: &str) -> io::Result<()> {
-    tx.open_table(def)
-        .map_err(|e| io_err("open", e))?
-        .retain(|_, _| false)
-        .map_err(|e| io_err(&format!("clear {what}"), e))?;
-    write_rows(tx, def, rows.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice()))), what)
+/// Empties a state table and fills it with `rows`.
+fn replace_rows<K: RowKey>(
+    tx: &redb::WriteTransaction,
+    def: StateTable<K>,
+    rows: &[(K, Vec<u8>)],
+    what: &str,
+) -> io::Result<()> {
+    let mut t = tx.open_table(def).map_err(|e| io_err("open", e))?;
+    t.retain(|_, _| false).map_err(|e| io_err(&format!("clear {what}"), e))?;
+    for (k, v) in rows {
+        t.insert(k.stored(), v.as_slice()).map_err(|e| io_err(&format!("write {what}"), e))?;
+    }
+    Ok(())
 }
 
 /// Decodes a dump into a lock state, validating every name and record.
@@ -653,18 +641,16 @@ fn gather(state: &LockState, changes: Changes) -> io::Result<Writes> {
 }
 
 /// Writes a batch's changes into an open transaction.
-fn write_changes<'a>(
+fn write_changes(
     tx: &redb::WriteTransaction,
-    writes: &'a Writes,
+    writes: &Writes,
     applied: &LogIdT,
     membership: Option<&Membership>,
 ) -> io::Result<()> {
-    let text = |rows: &'a [(String, Option<Vec<u8>>)]| rows.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
-    let num = |rows: &'a [(u128, Option<Vec<u8>>)]| rows.iter().map(|(k, v)| (*k, v.as_deref()));
-    write_rows(tx, RESOURCES, text(&writes.resources), "resource")?;
-    write_num_rows(tx, DEDUP, num(&writes.dedup), "dedup")?;
-    write_num_rows(tx, ENDED, num(&writes.ended), "ended")?;
-    write_rows(tx, SIGNING_KEYS, text(&writes.signing_keys), "signing key")?;
+    write_rows(tx, RESOURCES, &writes.resources, "resource")?;
+    write_rows(tx, DEDUP, &writes.dedup, "dedup")?;
+    write_rows(tx, ENDED, &writes.ended, "ended")?;
+    write_rows(tx, SIGNING_KEYS, &writes.signing_keys, "signing key")?;
     let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
     t.insert(KEY_APPLIED, encode(applied)?.as_slice()).map_err(|e| io_err("write applied", e))?;
     if let Some(m) = membership {
@@ -852,8 +838,8 @@ impl Persister {
         let tx = self.db.begin_write().map_err(|e| io_err("begin", e))?;
         {
             replace_rows(&tx, RESOURCES, &dump.resources, "resources")?;
-            replace_num_rows(&tx, DEDUP, &dump.dedup, "dedup")?;
-            replace_num_rows(&tx, ENDED, &dump.ended, "ended")?;
+            replace_rows(&tx, DEDUP, &dump.dedup, "dedup")?;
+            replace_rows(&tx, ENDED, &dump.ended, "ended")?;
             replace_rows(&tx, SIGNING_KEYS, &dump.signing_keys, "signing_keys")?;
             let mut t = tx.open_table(SM_META).map_err(|e| io_err("open", e))?;
             match &meta.last_log_id {
