@@ -50,8 +50,22 @@ fn caller<T>(auth: &Authenticator, request: &Request<T>) -> Result<Caller, LockE
     auth.caller(&conn, authorization)
 }
 
+/// An Acquire on `who`'s behalf, as both front ends make it: the permission
+/// and request-rate checks, the tenant's quota on the command (enforced at
+/// apply), and a limit refusal that names the tenant.
+pub(crate) async fn acquire_as(
+    svc: &LockService,
+    who: &Caller,
+    mut req: service::AcquireRequest,
+) -> Result<service::Granted, LockError> {
+    who.check(Permission::Acquire, &req.resource)?;
+    who.charge_request(&Clock)?;
+    req.quota = who.quota();
+    svc.acquire(req).await.map_err(|e| with_tenant(e, who))
+}
+
 /// Names the tenant in a limit refusal the state machine reported.
-pub(crate) fn with_tenant(e: LockError, caller: &Caller) -> LockError {
+fn with_tenant(e: LockError, caller: &Caller) -> LockError {
     match e {
         LockError::TenantLimit { tenant, limit, value } if tenant.is_empty() => {
             LockError::TenantLimit { tenant: caller.name().to_string(), limit, value }
@@ -126,18 +140,15 @@ impl Lock for LockApi {
         let r = request.into_inner();
         let (op, resource) = (acquire_op(r.wait_timeout_ms), r.resource.clone());
         let call = async {
-            let who = who?;
-            who.check(Permission::Acquire, &r.resource)?;
-            who.charge_request(&Clock)?;
             let req = service::AcquireRequest {
                 resource: r.resource,
                 request_id: r.request_id,
                 ttl_ms: r.ttl_ms,
                 wait_timeout_ms: r.wait_timeout_ms,
                 holder: r.holder,
-                quota: who.quota(),
+                quota: None,
             };
-            self.svc.acquire(req).await.map_err(|e| with_tenant(e, &who))
+            acquire_as(&self.svc, &who?, req).await
         };
         let g = observed(&self.metrics, op, &resource, call).await.map_err(|e| to_status(&e))?;
         Ok(Response::new(AcquireResponse {

@@ -34,7 +34,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::errors::{grpc_code, http_status, metadata};
-use super::grpc::{acquire_op, observed, with_tenant};
+use super::grpc::{acquire_as, acquire_op, observed};
 use crate::clock::Clock;
 use crate::hot::HotOrder;
 use crate::tenants::{Authenticator, Caller, Permission};
@@ -143,18 +143,15 @@ struct AcquireBody {
 async fn acquire(State(s): State<HttpState>, Who(who): Who, Json(b): Json<AcquireBody>) -> Response {
     let (op, resource) = (acquire_op(b.wait_timeout_ms), b.resource.clone());
     let call = async {
-        let who = who?;
-        who.check(Permission::Acquire, &b.resource)?;
-        who.charge_request(&Clock)?;
         let req = service::AcquireRequest {
             resource: b.resource,
             request_id: b.request_id,
             ttl_ms: b.ttl_ms,
             wait_timeout_ms: b.wait_timeout_ms,
             holder: b.holder,
-            quota: who.quota(),
+            quota: None,
         };
-        s.svc.acquire(req).await.map_err(|e| with_tenant(e, &who))
+        acquire_as(&s.svc, &who?, req).await
     };
     reply(observed(&s.metrics, op, &resource, call).await.map(|g| {
         json!({
