@@ -50,6 +50,18 @@ fn export(endpoint: &str, file: &Path) {
 }
 
 async fn start_proxy(upstream: &TestUpstream, dir: &Path, keys_file: &Path) -> ProxyHandle {
+    start_proxy_with(upstream, dir, keys_file, "").await
+}
+
+/// A proxy that never tolerates clock skew, so a retired key is refused the
+/// moment its window ends.
+async fn start_strict_proxy(upstream: &TestUpstream, dir: &Path, keys_file: &Path) -> ProxyHandle {
+    start_proxy_with(upstream, dir, keys_file, r#"clock_skew = "0s""#).await
+}
+
+/// A proxy verifying tokens against `keys_file`; `signing_extra` goes into
+/// its `[signing]` table.
+async fn start_proxy_with(upstream: &TestUpstream, dir: &Path, keys_file: &Path, signing_extra: &str) -> ProxyHandle {
     let text = format!(
         r#"
 listen = "127.0.0.1:0"
@@ -59,6 +71,7 @@ data_dir = "{data}"
 
 [signing]
 keys_file = "{keys}"
+{signing_extra}
 
 [[route]]
 path = "/db/{{name}}/*"
@@ -191,27 +204,4 @@ async fn t74_the_proxy_verifies_the_coordinators_tokens() {
     strict.shutdown().await;
     proxy.shutdown().await;
     assert!(dev.terminate(SOON).is_some_and(|s| s.success()), "fencer dev stops cleanly");
-}
-
-async fn start_strict_proxy(upstream: &TestUpstream, dir: &Path, keys_file: &Path) -> ProxyHandle {
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-upstream = "{upstream}"
-data_dir = "{data}"
-
-[signing]
-keys_file = "{keys}"
-clock_skew = "0s"
-
-[[route]]
-path = "/db/{{name}}/*"
-resource = "db/{{name}}"
-"#,
-        upstream = upstream.url(),
-        data = dir.join("proxy-data").display(),
-        keys = keys_file.display(),
-    );
-    fencer_proxy::start(ProxyConfig::from_toml_str(&text).unwrap(), Some(0)).await.unwrap()
 }
