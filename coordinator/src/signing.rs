@@ -242,6 +242,36 @@ pub struct SigningKeyView {
     pub current: bool,
 }
 
+/// The admin API's wire form of a key (no end of validity is 0).
+impl From<SigningKeyView> for fencer_proto::v1::SigningKey {
+    fn from(k: SigningKeyView) -> Self {
+        Self {
+            kid: k.kid,
+            node_id: k.node_id,
+            public_key: k.public_key,
+            not_before_unix_ms: k.not_before_unix_ms,
+            not_after_unix_ms: k.not_after_unix_ms.unwrap_or(0),
+            registered_index: k.registered_index,
+            current: k.current,
+        }
+    }
+}
+
+/// A key as the admin API sent it (the CLI's and tests' side).
+impl From<&fencer_proto::v1::SigningKey> for SigningKeyView {
+    fn from(k: &fencer_proto::v1::SigningKey) -> Self {
+        Self {
+            kid: k.kid.clone(),
+            node_id: k.node_id,
+            public_key: k.public_key.clone(),
+            not_before_unix_ms: k.not_before_unix_ms,
+            not_after_unix_ms: (k.not_after_unix_ms != 0).then_some(k.not_after_unix_ms),
+            registered_index: k.registered_index,
+            current: k.current,
+        }
+    }
+}
+
 fn view(
     kid: &KeyId,
     k: &SigningKeyRecord,

@@ -23,18 +23,7 @@ fn now_ms() -> u64 {
 }
 
 fn views(r: &fencer_proto::v1::ListSigningKeysResponse) -> Vec<SigningKeyView> {
-    r.keys
-        .iter()
-        .map(|k| SigningKeyView {
-            kid: k.kid.clone(),
-            node_id: k.node_id,
-            public_key: k.public_key.clone(),
-            not_before_unix_ms: k.not_before_unix_ms,
-            not_after_unix_ms: (k.not_after_unix_ms != 0).then_some(k.not_after_unix_ms),
-            registered_index: k.registered_index,
-            current: k.current,
-        })
-        .collect()
+    r.keys.iter().map(SigningKeyView::from).collect()
 }
 
 /// The key set as `fencer keys export` writes it, asked of node `n`.

@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
-use fencer_client::SigningKey;
 use fencer_coordinator::SigningKeyView;
 use serde_json::json;
 
@@ -62,18 +61,6 @@ enum Step {
     },
 }
 
-fn view(k: &SigningKey) -> SigningKeyView {
-    SigningKeyView {
-        kid: k.kid.clone(),
-        node_id: k.node_id,
-        public_key: k.public_key.clone(),
-        not_before_unix_ms: k.not_before_unix_ms,
-        not_after_unix_ms: (k.not_after_unix_ms != 0).then_some(k.not_after_unix_ms),
-        registered_index: k.registered_index,
-        current: k.current,
-    }
-}
-
 fn time(ms: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
@@ -107,7 +94,7 @@ pub(crate) async fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
     match args.step {
         Step::List => match client.signing_keys().await {
             Ok(r) => {
-                show_keys(output, &r.keys.iter().map(view).collect::<Vec<_>>())?;
+                show_keys(output, &r.keys.iter().map(SigningKeyView::from).collect::<Vec<_>>())?;
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) => Ok(fail(output, &e)),
@@ -117,7 +104,7 @@ pub(crate) async fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
                 Ok(r) => r,
                 Err(e) => return Ok(fail(output, &e)),
             };
-            let views: Vec<SigningKeyView> = r.keys.iter().map(view).collect();
+            let views: Vec<SigningKeyView> = r.keys.iter().map(SigningKeyView::from).collect();
             let set = match fencer_coordinator::key_set(&views) {
                 Ok(set) => set,
                 Err(e) => {
@@ -162,7 +149,7 @@ pub(crate) async fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
             };
             match client.rotate_signing_key_on(&addr, id, activate_in).await {
                 Ok(r) => {
-                    let key = r.key.as_ref().map(view);
+                    let key = r.key.as_ref().map(SigningKeyView::from);
                     if output == OutputFormat::Table {
                         eprintln!(
                             "fencer: node {id} made a new key; export the key set and reload every proxy before it activates"
@@ -176,7 +163,7 @@ pub(crate) async fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
         }
         Step::Retire { kid, after, force } => match client.retire_signing_key(&kid, after, force).await {
             Ok(r) => {
-                show_keys(output, &r.key.as_ref().map(view).into_iter().collect::<Vec<_>>())?;
+                show_keys(output, &r.key.as_ref().map(SigningKeyView::from).into_iter().collect::<Vec<_>>())?;
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) => Ok(fail(output, &e)),

@@ -9,7 +9,7 @@ use fencer_proto::v1::{
     ForceReleaseResponse, GetLockRequest, GetLockResponse, ListLocksRequest, ListLocksResponse, ListSigningKeysRequest,
     ListSigningKeysResponse, MembershipResponse, NodeStatus, ReleaseRequest, ReleaseResponse, RenewRequest,
     RenewResponse, RetireSigningKeyRequest, RetireSigningKeyResponse, RotateSigningKeyRequest,
-    RotateSigningKeyResponse, SigningKey, StatusRequest, StatusResponse,
+    RotateSigningKeyResponse, StatusRequest, StatusResponse,
 };
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
@@ -18,21 +18,8 @@ use super::errors::to_status;
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::service::{self, LockError, LockService, LockView, StatusView};
-use crate::signing::SigningKeyView;
 use crate::tenants::{Authenticator, Caller, Permission};
 use crate::tls::ConnInfo;
-
-pub(crate) fn key_to_proto(k: SigningKeyView) -> SigningKey {
-    SigningKey {
-        kid: k.kid,
-        node_id: k.node_id,
-        public_key: k.public_key,
-        not_before_unix_ms: k.not_before_unix_ms,
-        not_after_unix_ms: k.not_after_unix_ms.unwrap_or(0),
-        registered_index: k.registered_index,
-        current: k.current,
-    }
-}
 
 /// `fencer.v1.Lock`.
 pub(crate) struct LockApi {
@@ -323,7 +310,7 @@ impl Admin for AdminApi {
         // Any authenticated caller, as for status: public keys and node ids only.
         caller(&self.auth, &request).map_err(|e| to_status(&e))?;
         let (keys, now_unix_ms) = self.svc.signing_keys().await.map_err(|e| to_status(&e))?;
-        Ok(Response::new(ListSigningKeysResponse { keys: keys.into_iter().map(key_to_proto).collect(), now_unix_ms }))
+        Ok(Response::new(ListSigningKeysResponse { keys: keys.into_iter().map(Into::into).collect(), now_unix_ms }))
     }
 
     async fn rotate_signing_key(
@@ -334,7 +321,7 @@ impl Admin for AdminApi {
         let r = request.into_inner();
         let activate_in = std::time::Duration::from_millis(r.activate_in_ms);
         let key = self.svc.rotate_signing_key(r.node_id, activate_in).await.map_err(|e| to_status(&e))?;
-        Ok(Response::new(RotateSigningKeyResponse { key: Some(key_to_proto(key)) }))
+        Ok(Response::new(RotateSigningKeyResponse { key: Some(key.into()) }))
     }
 
     async fn retire_signing_key(
@@ -345,6 +332,6 @@ impl Admin for AdminApi {
         let r = request.into_inner();
         let after = std::time::Duration::from_millis(r.after_ms);
         let key = self.svc.retire_signing_key(&r.kid, after, r.force).await.map_err(|e| to_status(&e))?;
-        Ok(Response::new(RetireSigningKeyResponse { key: Some(key_to_proto(key)) }))
+        Ok(Response::new(RetireSigningKeyResponse { key: Some(key.into()) }))
     }
 }
