@@ -232,9 +232,12 @@ async fn t94_unusable_tls_files_are_refused_at_start() {
     }
 }
 
-/// Limits before HTTP: `limits.max_connections` keeps further clients in
-/// the backlog until a connection closes, and `timeouts.tls_handshake`
-/// closes a connection that never completes its handshake (slowloris).
+/// Limits before HTTP: a client beyond `limits.max_connections` is refused
+/// at once (503 on a plaintext listener, a closed socket on a TLS one) and
+/// counted; a connection that sends nothing is closed after
+/// `timeouts.first_byte` and counted, so N silent sockets at a limit of N
+/// lock clients out for no longer than that; and `timeouts.tls_handshake`
+/// bounds a connection that never starts its handshake (slowloris).
 #[tokio::test]
 async fn t95_connection_limit_and_handshake_timeout() {
     let dir = tempfile::tempdir().unwrap();
@@ -242,21 +245,35 @@ async fn t95_connection_limit_and_handshake_timeout() {
     let cert = pki.issue("proxy", &["127.0.0.1"], CertUse::Server);
     let upstream = TestUpstream::start().await.unwrap();
 
-    // One slot, taken by a silent connection (connected first, so it is
-    // first in the backlog): a real client is not served while it is open.
-    let tables = format!("{}\n[limits]\nmax_connections = 1\n", listener_tls(&cert, None));
+    // Two slots, both taken by silent connections; the third is refused.
+    let first_byte = Duration::from_millis(1500);
+    let tables = format!("[limits]\nmax_connections = 2\n[timeouts]\nfirst_byte = \"{}ms\"\n", first_byte.as_millis());
     let proxy = start_proxy(&upstream.url(), &dir.path().join("d1"), &tables).await;
     let addr = proxy.local_addr();
-    let silent = std::net::TcpStream::connect(addr).unwrap();
-    let client = TestClient::with_tls(pki.client_config(None));
-    let write = tokio::spawn(async move { client.write(addr, "/db/a/rows", 5).await });
-    // A bounded look for something that must not happen (a pass here
-    // cannot be a timing accident; only a broken limit fails it).
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!write.is_finished() && upstream.events().is_empty(), "served beyond max_connections");
+    let opened = std::time::SystemTime::now();
+    let silent: Vec<_> = (0..2).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+    // The accept loop takes them in order; give it a moment to.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let refused = tokio::task::spawn_blocking(move || raw_plaintext(addr)).await.unwrap();
+    let refused = String::from_utf8_lossy(&refused);
+    assert!(refused.starts_with("HTTP/1.1 503"), "the third connection was not refused: {refused:?}");
+    assert!(refused.contains("too-many-connections"), "{refused}");
+    assert!(upstream.events().is_empty(), "served beyond max_connections");
+    // A real client is served once the first-byte timeout closed the
+    // silent ones: retried until then, never later.
+    let client = TestClient::new();
+    let served = loop {
+        match client.write(addr, "/db/a/rows", 5).await {
+            Ok(resp) if resp.status == Status::OK => break opened.elapsed().unwrap(),
+            _ if opened.elapsed().unwrap() > first_byte + SOON => panic!("still locked out by silent sockets"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    assert!(served >= first_byte, "served after {served:?}, before the silent sockets timed out");
+    let metrics = reqwest_metrics(proxy.admin_addr()).await;
+    assert!(metric(&metrics, "fencer_proxy_connections_refused_total") >= 1.0, "{metrics}");
+    assert!(metric(&metrics, "fencer_proxy_connections_timed_out_total{stage=\"first_byte\"}") >= 2.0, "{metrics}");
     drop(silent);
-    let resp = tokio::time::timeout(SOON, write).await.expect("served once the slot was free").unwrap().unwrap();
-    assert_eq!(resp.status, Status::OK);
     proxy.shutdown().await;
 
     // A connection that never starts its handshake is closed by the server.
@@ -266,11 +283,35 @@ async fn t95_connection_limit_and_handshake_timeout() {
     let closed = tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(SOON)).unwrap();
+        let started = std::time::SystemTime::now();
         let mut buf = Vec::new();
-        s.read_to_end(&mut buf).map(|_| buf.len())
+        s.read_to_end(&mut buf).map(|_| (buf.len(), started.elapsed().unwrap()))
     })
     .await
     .unwrap();
-    assert!(matches!(closed, Ok(0)), "the silent connection was not closed by the handshake timeout: {closed:?}");
+    let (len, after) = closed.expect("the silent connection was not closed");
+    assert_eq!(len, 0);
+    assert!(after < Duration::from_secs(5), "closed only after {after:?}, not by the 200 ms handshake timeout");
     proxy.shutdown().await;
+}
+
+/// The admin API's `/metrics` text.
+async fn reqwest_metrics(admin: std::net::SocketAddr) -> String {
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(admin).unwrap();
+        s.set_read_timeout(Some(SOON)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    })
+    .await
+    .unwrap()
+}
+
+/// The value of one metric series in a Prometheus text exposition.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no series {series} in {text}"))
 }

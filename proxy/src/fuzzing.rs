@@ -19,10 +19,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use fencer_token::{KeyId, KeyRing, KeySet, MAX_TOKEN_BYTES, PresentedToken, Signer};
 
 use crate::config::{ConfigError, ProxyConfig};
-use crate::names::ResourceName;
-use crate::rejections::RejectReason;
-use crate::routes::RouteKind;
-use crate::signing::TokenVerifier;
+use crate::core::names::ResourceName;
+use crate::core::rejections::RejectReason;
+use crate::core::signing::TokenVerifier;
+use crate::http::routes::RouteKind;
 
 /// The resource the token checks are made for.
 pub const FUZZ_RESOURCE: &str = "db/orders";
@@ -205,11 +205,11 @@ pub fn route_match(data: &[u8]) {
             headers.append(name, value);
         }
     }
-    let first = config.router.classify(&method, &uri, &headers);
-    let again = config.router.classify(&method, &uri, &headers);
+    let first = config.http().expect("an HTTP config").router.classify(&method, &uri, &headers);
+    let again = config.http().expect("an HTTP config").router.classify(&method, &uri, &headers);
     assert_eq!(first.is_ok(), again.is_ok(), "classification is deterministic");
     if let Ok(c) = first {
-        assert!(config.router.routes().iter().any(|r| std::ptr::eq(r, c.route)));
+        assert!(config.http().expect("an HTTP config").router.routes().iter().any(|r| std::ptr::eq(r, c.route)));
         match (c.route.kind(), &c.resource) {
             (RouteKind::Write, Some(r)) => {
                 ResourceName::new(r.as_str()).expect("a classified resource is valid");
@@ -228,7 +228,10 @@ pub fn config_text(data: &[u8]) {
     };
     match ProxyConfig::from_toml_str(text) {
         Ok(config) => {
-            assert!(!config.router.routes().is_empty(), "a config without routes loaded");
+            assert!(
+                !config.http().expect("an HTTP config").router.routes().is_empty(),
+                "a config without routes loaded"
+            );
             assert!(config.max_epoch_jump >= 1);
         }
         Err(ConfigError::Invalid { line, column, reason }) => {

@@ -9,25 +9,19 @@
 //! are P1–P10 in DESIGN §4; `docs/proxy.md` explains them for operators.
 //!
 //! # Layout
-//! - `config`: `proxy.toml` and the flag form, every limit and timeout.
-//! - `routes`: route classification: read allow-list (P5), resource (P6).
-//! - `names`: [`ResourceName`] and [`FencingToken`].
-//! - `signing`: the token check before the fence: plain or signed, verified
-//!   against the reloadable key ring (P7).
-//! - `fence`: the tower layer that checks tokens (P1–P4, P8).
-//! - `state`: per-resource epoch, fair guard, in-flight count, indeterminate.
-//! - `epoch_store`: the redb store (P2, P10) and the bounded rejection table.
-//! - `forward`: the pooled upstream client (plain or TLS) and its timeouts.
-//! - `body`: streaming body wrappers (idle timeout, guard until the end).
-//! - `server`: startup, the layer stack, graceful shutdown.
-//! - `listener`: client connections: the connection limit, the TLS
-//!   handshake and the mTLS caller identity.
-//! - `tls`: rustls configs for the listener and the upstream, PEM loading.
+//! One fence core, two front ends (DESIGN §4a):
+//! - `core`: the protocol-neutral part: the fence (P1–P3, P8; G4–G6), the
+//!   per-resource state with its fair guard and quarantine, the epoch store
+//!   and rejection log, the signed-token check (P7), the one accept loop
+//!   (connection limit, first-byte timeout, owned connection tasks), TLS,
+//!   the admin API and its client, metrics.
+//! - `http`: the HTTP front end: routes (P5, P6), the tower layer stack,
+//!   forwarding, problem+json refusals.
+//! - `config`: `proxy.toml` (both protocols) with every limit and timeout;
+//!   it builds no runtime object.
+//! - `server`: startup ([`start`]), [`check_files`], shutdown.
 //! - `fuzzing` (feature `fuzzing`): the checks the cargo-fuzz targets run.
-//! - `admin`, `admin_client`: the admin API and its client.
-//! - `problem`: the one place refusals become HTTP statuses.
-//! - `metrics`, `rejections`, `clock`.
-//! - `log_level`: changing the log filter at run time.
+//! - `testing` (feature `test-support`): test upstreams and clients.
 //!
 //! # Example
 //! ```
@@ -50,53 +44,42 @@
 //! # }
 //! ```
 
-mod admin;
-mod admin_client;
-mod body;
-mod clock;
 mod config;
-mod epoch_store;
-mod fence;
-mod forward;
+mod core;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-mod listener;
-mod log_level;
-mod metrics;
-mod names;
-mod problem;
-mod rejections;
-mod routes;
+mod http;
 mod server;
-mod signing;
-mod state;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
-mod tls;
 
 pub use self::{
-    admin::{
-        ClearIndeterminateRequest, ClearIndeterminateResponse, DEFAULT_PAGE, MAX_PAGE, RaiseEpochRequest, ResourcesPage,
-    },
-    admin_client::{AdminClient, AdminClientError},
-    body::{BoxError, ProxyBody},
     config::{
-        ConfigError, DEFAULT_ADMIN_ADDR, DEFAULT_CLOCK_SKEW, DEFAULT_MAX_EPOCH_JUMP, Limits, ListenerTls, ProxyConfig,
-        SigningConfig, SimpleConfig, Timeouts, UpstreamTls,
+        ConfigError, DEFAULT_ADMIN_ADDR, DEFAULT_CLOCK_SKEW, DEFAULT_MAX_EPOCH_JUMP, Frontend, Limits, ListenerTls,
+        ProxyConfig, SigningConfig, Timeouts,
     },
-    epoch_store::{
-        AUDIT_LOG_FILE, EpochStore, OpenError, REJECTION_LOG_FILE, REJECTION_QUEUE_MAX, STORE_FILE, StoreError,
-        StoreSnapshot,
+    core::{
+        admin::{
+            AdminClient, AdminClientError, ClearIndeterminateRequest, ClearIndeterminateResponse, DEFAULT_PAGE,
+            MAX_PAGE, RaiseEpochRequest, ResourcesPage,
+        },
+        epoch_store::{
+            AUDIT_LOG_FILE, EpochStore, OpenError, REJECTION_LOG_FILE, REJECTION_QUEUE_MAX, STORE_FILE, StoreError,
+            StoreSnapshot,
+        },
+        log_level::{LogControl, LogControlHandle},
+        names::{FencingToken, MAX_RESOURCE_NAME_BYTES, ResourceName, ResourceNameError, TokenParseError},
+        rejections::{PROBLEM_TYPE_PREFIX, RejectReason, RejectionRecord, RejectionsPage},
+        signing::{KeyReloader, KeysError, KeysLoaded},
+        state::{IndeterminateStatus, ResourceStatus},
+        tls::{TlsError, certificate_identity, load_certs, load_key},
     },
-    fence::{Fence, FenceLayer},
-    forward::Forward,
-    log_level::{LogControl, LogControlHandle},
-    names::{FencingToken, MAX_RESOURCE_NAME_BYTES, ResourceName, ResourceNameError, TokenParseError},
-    problem::PROBLEM_TYPE_PREFIX,
-    rejections::{RejectReason, RejectionRecord, RejectionsPage},
-    routes::{PatternError, Route, RouteKind, Router},
-    server::{ProxyHandle, StartError, start, start_with_shutdown},
-    signing::{KeyReloader, KeysError, KeysLoaded},
-    state::{IndeterminateStatus, ResourceStatus},
-    tls::{TlsError, certificate_identity, load_certs, load_key},
+    http::{
+        HttpConfig, SimpleConfig, UpstreamTls,
+        body::{BoxError, ProxyBody},
+        fence::{Fence, FenceLayer},
+        forward::Forward,
+        routes::{PatternError, Route, RouteKind, Router},
+    },
+    server::{ProxyHandle, StartError, check_files, start, start_with_shutdown},
 };

@@ -1,32 +1,24 @@
-//! Startup, the layer stack, the accept loop and graceful shutdown.
+//! Startup and shutdown of a proxy of either protocol: load every file the
+//! configuration names, bind every socket, open the epoch store, then run
+//! the front end's accept loop and the admin API until the shutdown signal.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tower::{ServiceBuilder, ServiceExt};
 
-use crate::admin;
-use crate::body::{BoxError, ProxyBody};
-use crate::config::ProxyConfig;
-use crate::epoch_store::{EpochStore, OpenError};
-use crate::fence::{ClientIdentity, FenceLayer, FenceShared, PeerAddr};
-use crate::forward::Forward;
-use crate::listener::ClientAcceptor;
-use crate::metrics::Metrics;
-use crate::problem::respond_to_layer_error;
-use crate::signing::{KeyReloader, KeysError, TokenVerifier};
-use crate::state::Resources;
-use crate::tls::TlsError;
+use crate::config::{Frontend, ProxyConfig};
+use crate::core::admin::{self, UpstreamProbe};
+use crate::core::epoch_store::{EpochStore, OpenError};
+use crate::core::fence::FenceCore;
+use crate::core::listener::{Listener, ListenerSettings};
+use crate::core::metrics::Metrics;
+use crate::core::signing::{KeyReloader, KeysError, TokenVerifier};
+use crate::core::state::Resources;
+use crate::core::tls::TlsError;
+use crate::http::{CONNECTION_LIMIT_REFUSAL, HttpServer};
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +26,8 @@ pub enum StartError {
     /// The epoch store refused to open (including P10: empty, no floor).
     #[error(transparent)]
     Store(#[from] OpenError),
-    /// A listen address could not be bound.
+    /// A listen address could not be bound. Nothing was written to the
+    /// data directory: every socket is bound before the store is opened.
     #[error("cannot listen on {addr} ({what}): {source}")]
     Bind {
         /// `proxy` or `admin`.
@@ -96,6 +89,39 @@ impl ProxyHandle {
     }
 }
 
+/// Loads every file the configuration names besides the data dir (the
+/// signing keys, the TLS certificates, keys and CAs) and reports the first
+/// that cannot be used. `--check-config` runs it; [`start`] loads the same
+/// files and refuses to start on the same errors.
+pub fn check_files(config: &ProxyConfig) -> Result<(), StartError> {
+    Prepared::load(config)?;
+    Ok(())
+}
+
+/// What [`start`] builds from the configuration before it touches the
+/// network or the data directory.
+struct Prepared {
+    tokens: Arc<TokenVerifier>,
+    frontend: PreparedFrontend,
+}
+
+enum PreparedFrontend {
+    Http { forward: crate::http::forward::Forward, tls: Option<tokio_rustls::TlsAcceptor> },
+}
+
+impl Prepared {
+    fn load(config: &ProxyConfig) -> Result<Self, StartError> {
+        let tokens = Arc::new(TokenVerifier::new(config.signing.clone())?);
+        let frontend = match &config.frontend {
+            Frontend::Http(http) => {
+                let (forward, tls) = HttpServer::prepare(config, http)?;
+                PreparedFrontend::Http { forward, tls }
+            }
+        };
+        Ok(Self { tokens, frontend })
+    }
+}
+
 /// Starts the proxy; stop it with [`ProxyHandle::shutdown`].
 pub async fn start(config: ProxyConfig, floor: Option<u64>) -> Result<ProxyHandle, StartError> {
     start_with_shutdown(config, floor, std::future::pending()).await
@@ -111,16 +137,9 @@ pub async fn start_with_shutdown(
     let config = Arc::new(config);
     // Keys and TLS files first: a proxy that cannot check signatures or
     // speak TLS as configured must not start at all.
-    let tokens = Arc::new(TokenVerifier::new(config.signing.clone())?);
-    let acceptor = ClientAcceptor::new(&config)?;
-    let forward = Forward::new(&config)?;
-    let (store, snapshot) = {
-        let dir = config.data_dir.clone();
-        let max = config.limits.rejection_table_max;
-        tokio::task::spawn_blocking(move || EpochStore::open(&dir, floor, max))
-            .await
-            .map_err(|e| StartError::Internal(e.to_string()))??
-    };
+    let prepared = Prepared::load(&config)?;
+    // Then every socket, so a busy port fails the start before anything is
+    // written to the data directory (a floor, the unclean-stop marker).
     let bind = |what: &'static str, addr: SocketAddr| async move {
         TcpListener::bind(addr).await.map_err(|source| StartError::Bind { what, addr, source })
     };
@@ -130,6 +149,13 @@ pub async fn start_with_shutdown(
         listener.local_addr().map_err(|source| StartError::Bind { what: "proxy", addr: config.listen, source })?;
     let admin_addr =
         admin_listener.local_addr().map_err(|source| StartError::Bind { what: "admin", addr: config.admin, source })?;
+    let (store, snapshot) = {
+        let dir = config.data_dir.clone();
+        let max = config.limits.rejection_table_max;
+        tokio::task::spawn_blocking(move || EpochStore::open(&dir, floor, max))
+            .await
+            .map_err(|e| StartError::Internal(e.to_string()))??
+    };
 
     let metrics = Arc::new(Metrics::new());
     let resources = Resources::new(
@@ -140,43 +166,37 @@ pub async fn start_with_shutdown(
         !snapshot.clean_shutdown,
         metrics.clone(),
     );
-    let shared =
-        Arc::new(FenceShared::new(config.clone(), store.clone(), resources.clone(), metrics.clone(), tokens.clone()));
-
-    // The layer stack, outermost first:
-    // - (per connection, below) the peer address is attached and errors
-    //   from the layers (load shed) become problem responses, so hyper
-    //   never closes a connection over them;
-    // - load_shed: when the concurrency limit is reached, answer 503 at
-    //   once instead of queueing; queued writes would hold sockets and
-    //   pile up old-token traffic in front of the fence;
-    // - concurrency_limit: bounds requests in flight (and so memory and
-    //   upstream connections) to limits.max_concurrent_requests;
-    // - fence: classification and the token check; it sits below the limit
-    //   so a refused request is cheap, and above forward because nothing
-    //   may reach the upstream without passing it;
-    // - forward: the pooled upstream client with its timeouts.
-    let stack = ServiceBuilder::new()
-        .load_shed()
-        .concurrency_limit(config.limits.max_concurrent_requests)
-        .layer(FenceLayer::new(shared.clone()))
-        .service(forward.clone());
-
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(config.timeouts.header_read)
-        .max_buf_size(config.limits.max_header_bytes)
-        .max_headers(config.limits.max_headers);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(config.limits.max_streams_per_connection)
-        .max_header_list_size(u32::try_from(config.limits.max_header_bytes).unwrap_or(u32::MAX));
+    let tokens = prepared.tokens;
+    let core =
+        Arc::new(FenceCore::new(config.clone(), store.clone(), resources.clone(), metrics.clone(), tokens.clone()));
 
     let shutdown = CancellationToken::new();
-    let admin_app = admin::router(shared.clone(), forward);
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        signal.await;
+        stop.cancel();
+    });
+    let grace = config.timeouts.shutdown_grace;
+    let mut first_byte = config.timeouts.first_byte;
+    let (what, refusal, probe, serve): (_, &'static [u8], Arc<dyn UpstreamProbe>, _) =
+        match (&config.frontend, prepared.frontend) {
+            (Frontend::Http(http), PreparedFrontend::Http { forward, tls }) => {
+                // A TLS client's first byte starts its handshake, so the
+                // handshake timeout bounds the wait for it too; and a
+                // plaintext 503 would be garbage to it, so it is just closed.
+                let refusal = if tls.is_some() {
+                    first_byte = first_byte.min(config.timeouts.tls_handshake);
+                    b"".as_slice()
+                } else {
+                    CONNECTION_LIMIT_REFUSAL
+                };
+                tracing::info!(upstream = %http.upstream, "HTTP proxy");
+                let server = HttpServer::new(core.clone(), Arc::new(http.clone()), forward.clone(), tls);
+                let serve = move |conn| server.clone().serve(conn);
+                ("proxy", refusal, Arc::new(forward), serve)
+            }
+        };
+    let admin_app = admin::router(core.clone(), probe);
     let admin_shutdown = shutdown.clone();
     let admin_task = tokio::spawn(async move {
         let served = axum::serve(admin_listener, admin_app.into_make_service_with_connect_info::<SocketAddr>())
@@ -187,90 +207,19 @@ pub async fn start_with_shutdown(
         }
     });
 
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        signal.await;
-        stop.cancel();
-    });
-    let grace = config.timeouts.shutdown_grace;
+    let settings = ListenerSettings { what, max_connections: config.limits.max_connections, first_byte, refusal };
+    let accept_loop = Listener::new(listener, settings, metrics.clone());
     let accept_shutdown = shutdown.clone();
     let task = tokio::spawn(async move {
-        let graceful = GracefulShutdown::new();
-        loop {
-            // limits.max_connections: wait for a slot before accepting.
-            let permit = tokio::select! {
-                permit = acceptor.permit() => permit,
-                () = accept_shutdown.cancelled() => break,
-            };
-            tokio::select! {
-                accepted = listener.accept() => {
-                    let (stream, peer) = match accepted {
-                        Ok(v) => v,
-                        Err(e) => {
-                            // Out of file descriptors and the like: back off
-                            // instead of spinning.
-                            tracing::warn!(error = %e, "accept failed");
-                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                            continue;
-                        }
-                    };
-                    let _ = stream.set_nodelay(true);
-                    let stack = stack.clone();
-                    let metrics = metrics.clone();
-                    let (acceptor, builder, watcher) = (acceptor.clone(), builder.clone(), graceful.watcher());
-                    tokio::spawn(async move {
-                        let _permit = permit;
-                        // TLS (if configured) before HTTP, off the accept loop.
-                        let (io, identity) = match acceptor.handshake(stream).await {
-                            Ok(v) => v,
-                            Err(e) => {
-                                tracing::debug!(%peer, error = %e, "client connection refused during the TLS handshake");
-                                return;
-                            }
-                        };
-                        let svc = tower::service_fn(move |mut req: Request<Incoming>| {
-                            req.extensions_mut().insert(PeerAddr(peer));
-                            if let Some(id) = &identity {
-                                req.extensions_mut().insert(ClientIdentity(id.clone()));
-                            }
-                            let call = stack.clone().oneshot(req);
-                            let metrics = metrics.clone();
-                            async move {
-                                let result: Result<Response<ProxyBody>, BoxError> = call.await;
-                                Ok::<_, Infallible>(result.unwrap_or_else(|e| {
-                                    if e.is::<tower::load_shed::error::Overloaded>() {
-                                        metrics.overloaded.inc();
-                                    }
-                                    respond_to_layer_error(e)
-                                }))
-                            }
-                        });
-                        let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(svc));
-                        if let Err(e) = watcher.watch(conn.into_owned()).await {
-                            tracing::debug!(%peer, error = %e, "client connection ended with an error");
-                        }
-                    });
-                }
-                () = accept_shutdown.cancelled() => break,
-            }
-        }
-        drop(listener);
-        tracing::info!(?grace, "shutting down: no new connections; waiting for in-flight requests");
-        let drained = tokio::select! {
-            () = graceful.shutdown() => true,
-            () = tokio::time::sleep(grace) => {
-                tracing::warn!("shutdown grace period passed with requests still in flight");
-                false
-            }
-        };
+        let drained = accept_loop.run(accept_shutdown, grace, serve).await;
         let _ = admin_task.await;
         // A stop is clean only if nothing could still land upstream: every
-        // request finished and no resource is indeterminate.
+        // connection finished and no resource is indeterminate.
         let clean = drained && !resources.any_indeterminate();
         resources.shutdown().await;
         store.close(clean).await;
-        tracing::info!("proxy stopped");
+        tracing::info!(clean, "proxy stopped");
     });
-    tracing::info!(%listen, admin = %admin_addr, upstream = %config.upstream, floor = snapshot.floor, "proxy listening");
+    tracing::info!(%listen, admin = %admin_addr, floor = snapshot.floor, "proxy listening");
     Ok(ProxyHandle { listen, admin: admin_addr, shutdown, task, keys: KeyReloader(tokens) })
 }

@@ -380,11 +380,11 @@ impl TestPki {
     fn client_config_trusting(cas: &[PathBuf], client: Option<&TestCert>) -> rustls::ClientConfig {
         let mut roots = rustls::RootCertStore::empty();
         for ca in cas {
-            for cert in crate::tls::load_certs(ca).expect("read a CA") {
+            for cert in crate::core::tls::load_certs(ca).expect("read a CA") {
                 roots.add(cert).expect("a CA certificate");
             }
         }
-        let builder = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        let builder = rustls::ClientConfig::builder_with_provider(crate::core::tls::provider())
             .with_safe_default_protocol_versions()
             .expect("default versions")
             .with_root_certificates(roots);
@@ -392,8 +392,8 @@ impl TestPki {
             None => builder.with_no_client_auth(),
             Some(c) => builder
                 .with_client_auth_cert(
-                    crate::tls::load_certs(&c.cert_file).expect("read a certificate"),
-                    crate::tls::load_key(&c.key_file).expect("read a key"),
+                    crate::core::tls::load_certs(&c.cert_file).expect("read a certificate"),
+                    crate::core::tls::load_key(&c.key_file).expect("read a key"),
                 )
                 .expect("a client certificate"),
         }
@@ -407,11 +407,14 @@ impl TestPki {
     /// A server config presenting `server`; when `client_ca` is given,
     /// clients must present a certificate it issued.
     pub fn server_config(&self, server: &TestCert, client_ca: Option<&TestPki>) -> Arc<rustls::ServerConfig> {
-        crate::tls::server_config(&crate::config::ListenerTls {
-            cert_file: server.cert_file.clone(),
-            key_file: server.key_file.clone(),
-            client_ca_file: client_ca.map(TestPki::ca_file),
-        })
+        crate::core::tls::server_config(
+            &crate::config::ListenerTls {
+                cert_file: server.cert_file.clone(),
+                key_file: server.key_file.clone(),
+                client_ca_file: client_ca.map(TestPki::ca_file),
+            },
+            &[b"h2", b"http/1.1"],
+        )
         .expect("a server config")
     }
 }

@@ -139,7 +139,10 @@ pub(crate) async fn run_proxy(args: ProxyArgs, log: Arc<LogFilter>) -> anyhow::R
     let mut config = load_config(&args)?;
     config.log_control = Some(LogControlHandle(log));
     if args.check_config {
-        config.check_files()?;
+        fencer_proxy::check_files(&config)?;
+        let Some(http) = config.http() else {
+            anyhow::bail!("not an HTTP proxy configuration");
+        };
         println!(
             "configuration OK: listen {}{}, upstream {}, admin {}, data dir {}",
             config.listen,
@@ -148,7 +151,7 @@ pub(crate) async fn run_proxy(args: ProxyArgs, log: Arc<LogFilter>) -> anyhow::R
                 Some(t) if t.client_ca_file.is_some() => " (TLS, client certificates required)",
                 Some(_) => " (TLS)",
             },
-            config.upstream,
+            http.upstream,
             config.admin,
             config.data_dir.display()
         );
@@ -161,7 +164,7 @@ pub(crate) async fn run_proxy(args: ProxyArgs, log: Arc<LogFilter>) -> anyhow::R
                 s.clock_skew
             ),
         }
-        let rows: Vec<Vec<String>> = config
+        let rows: Vec<Vec<String>> = http
             .router
             .routes()
             .iter()

@@ -21,10 +21,16 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::body::{BoxError, IdleTimeoutBody, ProxyBody};
-use crate::clock;
+use rustls::{ClientConfig, RootCertStore};
+use rustls_pki_types::ServerName;
+
 use crate::config::ProxyConfig;
-use crate::tls::{self, TlsError};
+use crate::core::admin::UpstreamProbe;
+use crate::core::clock;
+use crate::core::state::Settled;
+use crate::core::tls::{TlsError, config_err, load_certs, load_key, provider, roots};
+use crate::http::body::{BoxError, IdleTimeoutBody, ProxyBody};
+use crate::http::config::{HttpConfig, UpstreamTls};
 
 /// The connection a request went out on, once hyper has picked one.
 pub(crate) fn captured_connection(capture: &CaptureConnection) -> Option<ConnectionClosed> {
@@ -47,6 +53,11 @@ impl ConnectionClosed {
         // The sender lives inside the connection's I/O object; `changed`
         // fails exactly when it is dropped, i.e. when the socket is closed.
         while self.0.changed().await.is_ok() {}
+    }
+
+    /// The close, as the core's "nothing more can land" future.
+    pub(crate) fn settled(self) -> Settled {
+        Box::pin(self.wait())
     }
 }
 
@@ -217,7 +228,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 impl Forward {
     /// Builds the pooled client from the config's upstream, TLS, timeouts
     /// and limits. Fails when the upstream TLS files cannot be used.
-    pub fn new(config: &ProxyConfig) -> Result<Self, TlsError> {
+    pub(crate) fn new(config: &ProxyConfig, http_config: &HttpConfig) -> Result<Self, TlsError> {
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(config.timeouts.connect));
         http.set_nodelay(true);
@@ -225,20 +236,19 @@ impl Forward {
         // the TLS layer, not this connector, owns the https scheme.
         http.enforce_http(false);
         let tracking = TrackingConnector { http };
-        let https = match &config.upstream_tls {
+        let https = match &http_config.upstream_tls {
             // Plain upstream: the TLS layer passes http:// through.
             None => HttpsConnectorBuilder::new()
-                .with_tls_config(tls::client_config_without_roots())
+                .with_tls_config(client_config_without_roots())
                 .https_or_http()
                 .enable_http1()
                 .wrap_connector(tracking),
             // TLS upstream: never plaintext, whatever the URI says.
             Some(upstream_tls) => {
-                let builder =
-                    HttpsConnectorBuilder::new().with_tls_config(tls::client_config(upstream_tls)?).https_only();
+                let builder = HttpsConnectorBuilder::new().with_tls_config(client_config(upstream_tls)?).https_only();
                 let builder = match &upstream_tls.server_name {
                     Some(name) => builder.with_server_name_resolver(FixedServerNameResolver::new(
-                        tls::parse_server_name(name)
+                        parse_server_name(name)
                             .map_err(|reason| TlsError::Config { what: "upstream_tls.server_name", reason })?,
                     )),
                     None => builder,
@@ -255,7 +265,7 @@ impl Forward {
             .build(connector);
         Ok(Self {
             client,
-            upstream: config.upstream.clone(),
+            upstream: http_config.upstream.clone(),
             response_timeout: config.timeouts.response,
             body_idle: config.timeouts.body_idle,
             max_body: config.limits.max_request_body_bytes,
@@ -305,7 +315,7 @@ impl Forward {
     }
 
     /// A connection-level readiness probe: can we open a TCP connection?
-    pub(crate) async fn probe(&self, timeout: Duration) -> Result<(), String> {
+    async fn probe_connect(&self, timeout: Duration) -> Result<(), String> {
         let authority = self.upstream.authority().map(|a| a.to_string()).unwrap_or_default();
         let addr = if authority.contains(':') { authority } else { format!("{authority}:80") };
         match tokio::time::timeout(timeout, TcpStream::connect(&addr)).await {
@@ -313,6 +323,12 @@ impl Forward {
             Ok(Err(e)) => Err(format!("cannot connect to {addr}: {e}")),
             Err(_) => Err(format!("connecting to {addr} took longer than {timeout:?}")),
         }
+    }
+}
+
+impl UpstreamProbe for Forward {
+    fn probe(&self, timeout: Duration) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        Box::pin(self.probe_connect(timeout))
     }
 }
 
@@ -361,4 +377,36 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     out
+}
+
+/// The upstream client's config: the server must chain to `ca_file`; the
+/// proxy presents `cert_file`/`key_file` when set (mTLS to the upstream).
+/// ALPN is left to the HTTP connector.
+pub(crate) fn client_config(tls: &UpstreamTls) -> Result<ClientConfig, TlsError> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(config_err("upstream TLS"))?
+        .with_root_certificates(roots(&tls.ca_file)?);
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => builder
+            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
+            .map_err(config_err("upstream client certificate and key")),
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}
+
+/// A client config that trusts no server: for a plain `http://` upstream,
+/// whose connector never starts TLS, so it is never used.
+pub(crate) fn client_config_without_roots() -> ClientConfig {
+    ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("the ring provider supports the default protocol versions")
+        .with_root_certificates(RootCertStore::empty())
+        .with_no_client_auth()
+}
+
+/// Checks a configured upstream server name.
+pub(crate) fn parse_server_name(name: &str) -> Result<ServerName<'static>, String> {
+    ServerName::try_from(name.to_owned())
+        .map_err(|e| format!("server_name {name:?} is not a DNS name or IP address: {e}"))
 }

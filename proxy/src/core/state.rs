@@ -13,10 +13,9 @@ use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::clock::{self, Instant};
-use crate::forward::ConnectionClosed;
-use crate::metrics::Metrics;
-use crate::names::ResourceName;
+use crate::core::clock::{self, Instant};
+use crate::core::metrics::Metrics;
+use crate::core::names::ResourceName;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -149,6 +148,11 @@ pub struct ResourceStatus {
     /// Set while the resource is indeterminate (P4).
     pub indeterminate: Option<IndeterminateStatus>,
 }
+
+/// Resolves once nothing an unknown outcome sent can still land upstream:
+/// the HTTP upstream connection closed, or the PostgreSQL backend confirmed
+/// gone. The quarantine starts then (P4/G7).
+pub(crate) type Settled = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Why a write for a new resource cannot be tracked.
 #[derive(Debug, thiserror::Error)]
@@ -300,15 +304,11 @@ impl Resources {
         ))
     }
 
-    /// Marks the resource indeterminate after an unknown outcome (P4). The
-    /// quarantine starts once `connection` has closed (at once when it was
-    /// not captured, which means it never carried the request far).
-    pub(crate) fn mark_unknown(
-        self: &Arc<Self>,
-        state: &Arc<ResourceState>,
-        reason: String,
-        connection: Option<ConnectionClosed>,
-    ) {
+    /// Marks the resource indeterminate after an unknown outcome (P4/G7).
+    /// The quarantine starts once `settled` resolves (at once without one:
+    /// an HTTP connection that was never captured never carried the request
+    /// far).
+    pub(crate) fn mark_unknown(self: &Arc<Self>, state: &Arc<ResourceState>, reason: String, settled: Option<Settled>) {
         let episode = {
             let mut ind = lock(&state.indeterminate);
             match ind.as_mut() {
@@ -344,8 +344,8 @@ impl Resources {
         self.tasks.spawn(async move {
             tokio::select! {
                 () = async {
-                    if let Some(c) = connection {
-                        c.wait().await;
+                    if let Some(settled) = settled {
+                        settled.await;
                     }
                     this.connection_closed(&state, episode).await;
                 } => {}

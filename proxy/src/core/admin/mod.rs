@@ -1,7 +1,17 @@
-//! The admin API (loopback by default; no authentication until mTLS,
-//! DESIGN §7): per-resource state, paged rejections, raise-epoch and
-//! clear-indeterminate (both audited), `/metrics`, `/livez`, `/readyz`,
-//! and the run-time log filter (`/v1/log-level`).
+//! The admin API of both front ends (loopback by default; no
+//! authentication until mTLS, DESIGN §7): per-resource state, paged
+//! rejections, raise-epoch and clear-indeterminate (both audited),
+//! `/metrics`, `/livez`, `/readyz`, and the run-time log filter
+//! (`/v1/log-level`).
+//!
+//! - `errors`: [`AdminError`] and the one place it becomes a response.
+//! - `client`: [`AdminClient`](client::AdminClient), for the CLI.
+
+mod client;
+mod errors;
+
+pub use self::client::{AdminClient, AdminClientError};
+pub(crate) use self::errors::AdminError;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,11 +24,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde::{Deserialize, Serialize};
 
-use crate::clock;
-use crate::fence::FenceShared;
-use crate::forward::Forward;
-use crate::names::ResourceName;
-use crate::state::ResourceStatus;
+use crate::core::clock;
+use crate::core::fence::FenceCore;
+use crate::core::names::ResourceName;
+use crate::core::state::ResourceStatus;
 
 /// Largest page the admin API returns.
 pub const MAX_PAGE: usize = 1000;
@@ -78,34 +87,22 @@ struct RejectionsQuery {
     limit: Option<usize>,
 }
 
-/// Admin failures; rendered as problem+json by `problem.rs`.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum AdminError {
-    #[error("{0}")]
-    BadRequest(String),
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    WouldLower(String),
-    #[error("{0}")]
-    Unavailable(String),
-    #[error("{0}")]
-    NotImplemented(String),
-}
-
-impl IntoResponse for AdminError {
-    fn into_response(self) -> Response {
-        crate::problem::admin_error_response(&self)
-    }
+/// Checks that the protected upstream accepts connections (`/readyz`).
+pub(crate) trait UpstreamProbe: Send + Sync + 'static {
+    /// Opens (and closes) one connection to the upstream within `timeout`.
+    fn probe(
+        &self,
+        timeout: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + '_>>;
 }
 
 #[derive(Clone)]
 struct AdminState {
-    shared: Arc<FenceShared>,
-    forward: Forward,
+    shared: Arc<FenceCore>,
+    upstream: Arc<dyn UpstreamProbe>,
 }
 
-pub(crate) fn router(shared: Arc<FenceShared>, forward: Forward) -> axum::Router {
+pub(crate) fn router(shared: Arc<FenceCore>, upstream: Arc<dyn UpstreamProbe>) -> axum::Router {
     axum::Router::new()
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -117,7 +114,7 @@ pub(crate) fn router(shared: Arc<FenceShared>, forward: Forward) -> axum::Router
         .route("/v1/log-level", get(get_log_level))
         .route("/v1/log-level", put(set_log_level))
         .route("/v1/reload-keys", post(reload_keys))
-        .with_state(AdminState { shared, forward })
+        .with_state(AdminState { shared, upstream })
 }
 
 fn page_limit(limit: Option<usize>) -> Result<usize, AdminError> {
@@ -137,7 +134,7 @@ async fn readyz(State(s): State<AdminState>) -> Response {
     if let Err(e) = s.shared.store.ping().await {
         problems.push(format!("epoch store: {e}"));
     }
-    if let Err(e) = s.forward.probe(Duration::from_secs(1)).await {
+    if let Err(e) = s.upstream.probe(Duration::from_secs(1)).await {
         problems.push(format!("upstream: {e}"));
     }
     let ready = problems.is_empty();
@@ -153,7 +150,7 @@ struct LogLevel {
     previous: Option<String>,
 }
 
-fn log_control(s: &AdminState) -> Result<&crate::log_level::LogControlHandle, AdminError> {
+fn log_control(s: &AdminState) -> Result<&crate::core::log_level::LogControlHandle, AdminError> {
     s.shared
         .config
         .log_control
@@ -221,7 +218,7 @@ async fn resources(
 async fn rejections(
     State(s): State<AdminState>,
     Query(q): Query<RejectionsQuery>,
-) -> Result<Json<crate::rejections::RejectionsPage>, AdminError> {
+) -> Result<Json<crate::core::rejections::RejectionsPage>, AdminError> {
     let limit = page_limit(q.limit)?;
     s.shared.store.rejections(q.before, limit).await.map(Json).map_err(|e| AdminError::Unavailable(e.to_string()))
 }
@@ -293,9 +290,9 @@ async fn clear_indeterminate(
 async fn reload_keys(
     State(s): State<AdminState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-) -> Result<Json<crate::signing::KeysLoaded>, AdminError> {
-    use crate::signing::KeysError;
-    let loaded = crate::signing::KeyReloader(s.shared.tokens.clone()).reload().map_err(|e| match e {
+) -> Result<Json<crate::core::signing::KeysLoaded>, AdminError> {
+    use crate::core::signing::KeysError;
+    let loaded = crate::core::signing::KeyReloader(s.shared.tokens.clone()).reload().map_err(|e| match e {
         KeysError::NotConfigured => AdminError::NotFound(e.to_string()),
         KeysError::Load { .. } | KeysError::Empty { .. } => AdminError::BadRequest(e.to_string()),
     })?;

@@ -7,25 +7,16 @@ use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use serde::Serialize;
 
-use crate::body::ProxyBody;
-use crate::rejections::RejectReason;
-
-/// URN prefix of every problem `type` the proxy answers with.
-pub const PROBLEM_TYPE_PREFIX: &str = "urn:fencer:proxy:";
+use crate::core::fence::Rejection;
+use crate::core::rejections::{PROBLEM_TYPE_PREFIX, RejectReason};
+use crate::http::body::ProxyBody;
 
 /// Everything the proxy answers itself instead of forwarding.
 #[derive(Debug, Clone, thiserror::Error)]
 pub(crate) enum Refusal {
     /// The fence or the classifier refused the request; it is logged.
-    #[error("{detail}")]
-    Rejected {
-        reason: RejectReason,
-        detail: String,
-        resource: Option<String>,
-        presented_token: Option<u64>,
-        current_epoch: Option<u64>,
-        retry_after_secs: Option<u64>,
-    },
+    #[error("{}", .0.detail)]
+    Rejected(Rejection),
     /// Connecting to the upstream failed: nothing was sent, safe to retry.
     #[error("{0}")]
     UpstreamUnreachable(String),
@@ -66,24 +57,7 @@ impl Refusal {
     /// The status for each refusal; the only such table in the proxy.
     pub(crate) fn status(&self) -> StatusCode {
         match self {
-            Self::Rejected { reason, .. } => match reason {
-                RejectReason::StaleToken => StatusCode::CONFLICT,
-                RejectReason::MissingToken => StatusCode::PRECONDITION_REQUIRED,
-                RejectReason::MalformedToken
-                | RejectReason::ResourceMismatch
-                | RejectReason::AmbiguousRequest
-                | RejectReason::InvalidResource => StatusCode::BAD_REQUEST,
-                RejectReason::UnsignedToken
-                | RejectReason::BadSignature
-                | RejectReason::UnknownKey
-                | RejectReason::ExpiredKey
-                | RejectReason::KeyNotYetValid
-                | RejectReason::WrongResource => StatusCode::FORBIDDEN,
-                RejectReason::Indeterminate | RejectReason::TooManyResources => StatusCode::SERVICE_UNAVAILABLE,
-                RejectReason::TokenJumpTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
-                RejectReason::NoRoute => StatusCode::NOT_FOUND,
-                RejectReason::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            },
+            Self::Rejected(r) => Self::status_of(r.reason),
             Self::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             Self::OutcomeUnknown { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::StoreUnavailable(_) | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
@@ -91,9 +65,31 @@ impl Refusal {
         }
     }
 
+    /// The status a rejection answers with.
+    pub(crate) fn status_of(reason: RejectReason) -> StatusCode {
+        match reason {
+            RejectReason::StaleToken => StatusCode::CONFLICT,
+            RejectReason::MissingToken => StatusCode::PRECONDITION_REQUIRED,
+            RejectReason::MalformedToken
+            | RejectReason::ResourceMismatch
+            | RejectReason::AmbiguousRequest
+            | RejectReason::InvalidResource => StatusCode::BAD_REQUEST,
+            RejectReason::UnsignedToken
+            | RejectReason::BadSignature
+            | RejectReason::UnknownKey
+            | RejectReason::ExpiredKey
+            | RejectReason::KeyNotYetValid
+            | RejectReason::WrongResource => StatusCode::FORBIDDEN,
+            RejectReason::Indeterminate | RejectReason::TooManyResources => StatusCode::SERVICE_UNAVAILABLE,
+            RejectReason::TokenJumpTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
+            RejectReason::NoRoute => StatusCode::NOT_FOUND,
+            RejectReason::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        }
+    }
+
     fn slug_and_title(&self) -> (&'static str, &'static str) {
         match self {
-            Self::Rejected { reason, .. } => match reason {
+            Self::Rejected(r) => match r.reason {
                 RejectReason::StaleToken => ("stale-token", "Fencing token is older than the resource's epoch"),
                 RejectReason::MissingToken => ("missing-token", "This route is a write and needs a fencing token"),
                 RejectReason::MalformedToken => {
@@ -131,9 +127,7 @@ impl Refusal {
         let status = self.status();
         let (slug, title) = self.slug_and_title();
         let (resource, presented_token, current_epoch, retry_after) = match &self {
-            Self::Rejected { resource, presented_token, current_epoch, retry_after_secs, .. } => {
-                (resource.as_deref(), *presented_token, *current_epoch, *retry_after_secs)
-            }
+            Self::Rejected(r) => (r.resource.as_deref(), r.presented_token, r.current_epoch, r.retry_after_secs),
             Self::OutcomeUnknown { resource } => (Some(resource.as_str()), None, None, None),
             Self::Overloaded | Self::StoreUnavailable(_) => (None, None, None, Some(1)),
             _ => (None, None, None, None),
@@ -170,26 +164,4 @@ pub(crate) fn respond_to_layer_error(err: tower::BoxError) -> Response<ProxyBody
     } else {
         Refusal::Internal("unexpected layer error".into()).into_response(None)
     }
-}
-
-/// Renders an admin API failure as problem+json.
-pub(crate) fn admin_error_response(err: &crate::admin::AdminError) -> axum::response::Response {
-    use crate::admin::AdminError;
-    let (status, slug) = match err {
-        AdminError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad-request"),
-        AdminError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found"),
-        AdminError::WouldLower(_) => (StatusCode::CONFLICT, "epoch-would-decrease"),
-        AdminError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-        AdminError::NotImplemented(_) => (StatusCode::NOT_IMPLEMENTED, "not-implemented"),
-    };
-    let body = serde_json::json!({
-        "type": format!("{PROBLEM_TYPE_PREFIX}{slug}"),
-        "title": slug,
-        "status": status.as_u16(),
-        "detail": err.to_string(),
-    });
-    let mut resp = axum::response::Response::new(axum::body::Body::from(body.to_string()));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-    resp
 }

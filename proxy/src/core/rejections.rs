@@ -4,6 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// URN prefix of every problem `type` the proxy answers with (HTTP data
+/// path and admin API).
+pub const PROBLEM_TYPE_PREFIX: &str = "urn:fencer:proxy:";
+
 /// Why a request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

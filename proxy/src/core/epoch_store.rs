@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tokio::sync::oneshot;
 
-use crate::names::ResourceName;
-use crate::rejections::{RejectionRecord, RejectionsPage};
+use crate::core::names::ResourceName;
+use crate::core::rejections::{RejectionRecord, RejectionsPage};
 
 const EPOCHS: TableDefinition<'_, &str, u64> = TableDefinition::new("epochs");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
@@ -523,7 +523,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rejections::RejectReason;
+    use crate::core::rejections::RejectReason;
 
     fn record(resource: &str) -> RejectionRecord {
         RejectionRecord {

@@ -11,7 +11,7 @@ use std::fmt;
 use http::{HeaderMap, HeaderName, Method, Uri};
 use serde::{Deserialize, Serialize};
 
-use crate::names::{ResourceName, ResourceNameError};
+use crate::core::names::{ResourceName, ResourceNameError};
 
 /// Whether a route is on the read allow-list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,10 +10,10 @@ use std::sync::{Arc, PoisonError, RwLock};
 use fencer_token::{KeyRing, KeySet, KeySetError, PresentedToken, TokenError, VerifyError};
 use serde::{Deserialize, Serialize};
 
-use crate::clock;
 use crate::config::SigningConfig;
-use crate::names::{FencingToken, ResourceName};
-use crate::rejections::RejectReason;
+use crate::core::clock;
+use crate::core::names::{FencingToken, ResourceName};
+use crate::core::rejections::RejectReason;
 
 /// Why the signing keys could not be (re)loaded.
 #[derive(Debug, thiserror::Error)]

@@ -10,23 +10,44 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::rejections::RejectReason;
-use crate::routes::RouteKind;
+use crate::core::rejections::RejectReason;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct KindLabels {
-    /// `read` or `write`.
+    /// `read` (an allow-listed HTTP route, a `read_only_users` PostgreSQL
+    /// connection) or `write` (fenced).
     pub(crate) kind: &'static str,
 }
 
-impl From<RouteKind> for KindLabels {
-    fn from(k: RouteKind) -> Self {
-        let kind = match k {
-            RouteKind::Read => "read",
-            RouteKind::Write => "write",
-        };
-        Self { kind }
+/// Where a client connection was closed for being too slow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TimeoutStage {
+    /// Nothing arrived within `timeouts.first_byte`.
+    FirstByte,
+    /// The TLS handshake did not finish within `timeouts.tls_handshake`.
+    TlsHandshake,
+    /// PostgreSQL: startup and authentication did not finish in time.
+    Startup,
+    /// The connection was idle longer than allowed.
+    Idle,
+}
+
+impl TimeoutStage {
+    const ALL: [Self; 4] = [Self::FirstByte, Self::TlsHandshake, Self::Startup, Self::Idle];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::FirstByte => "first_byte",
+            Self::TlsHandshake => "tls_handshake",
+            Self::Startup => "startup",
+            Self::Idle => "idle",
+        }
     }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StageLabels {
+    pub(crate) stage: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -66,6 +87,9 @@ pub(crate) struct Metrics {
     pub(crate) resources: Gauge,
     pub(crate) rejection_log_dropped: Counter,
     pub(crate) build_info: Family<BuildLabels, Gauge>,
+    pub(crate) connections: Gauge,
+    pub(crate) connections_refused: Counter,
+    pub(crate) connections_timed_out: Family<StageLabels, Counter>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -97,10 +121,16 @@ impl Metrics {
             resources: Gauge::default(),
             rejection_log_dropped: Counter::default(),
             build_info: Family::default(),
+            connections: Gauge::default(),
+            connections_refused: Counter::default(),
+            connections_timed_out: Family::default(),
             registry: Registry::default(),
         };
-        for kind in [RouteKind::Read, RouteKind::Write] {
-            let _ = m.accepted.get_or_create(&KindLabels::from(kind));
+        for kind in ["read", "write"] {
+            let _ = m.accepted.get_or_create(&KindLabels { kind });
+        }
+        for stage in TimeoutStage::ALL {
+            let _ = m.connections_timed_out.get_or_create(&StageLabels { stage: stage.as_str() });
         }
         for reason in RejectReason::ALL {
             let _ = m.rejected.get_or_create(&ReasonLabels { reason: reason.as_str().to_owned() });
@@ -155,7 +185,28 @@ impl Metrics {
             m.rejection_log_dropped.clone(),
         );
         registry.register("build_info", "Always 1; the version is a label", m.build_info.clone());
+        registry.register("connections", "Client connections open", m.connections.clone());
+        registry.register(
+            "connections_refused",
+            "Client connections refused because limits.max_connections were open",
+            m.connections_refused.clone(),
+        );
+        registry.register(
+            "connections_timed_out",
+            "Client connections closed for being too slow, by stage",
+            m.connections_timed_out.clone(),
+        );
         Self { registry, ..m }
+    }
+
+    /// Counts one request or statement forwarded: fenced (`write`) or not.
+    pub(crate) fn accepted(&self, fenced: bool) {
+        let kind = if fenced { "write" } else { "read" };
+        self.accepted.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    pub(crate) fn timed_out(&self, stage: TimeoutStage) {
+        self.connections_timed_out.get_or_create(&StageLabels { stage: stage.as_str() }).inc();
     }
 
     pub(crate) fn rejected(&self, reason: RejectReason) {

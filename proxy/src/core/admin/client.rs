@@ -12,9 +12,9 @@ use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::admin::{ClearIndeterminateRequest, ClearIndeterminateResponse, RaiseEpochRequest, ResourcesPage};
-use crate::rejections::RejectionsPage;
-use crate::state::ResourceStatus;
+use crate::core::admin::{ClearIndeterminateRequest, ClearIndeterminateResponse, RaiseEpochRequest, ResourcesPage};
+use crate::core::rejections::RejectionsPage;
+use crate::core::state::ResourceStatus;
 
 /// Largest admin response read, in bytes.
 const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
@@ -149,7 +149,7 @@ impl AdminClient {
 
     /// Re-reads the proxy's signing key-set file (audited); on failure the
     /// keys in force stay and the error says why.
-    pub async fn reload_keys(&self) -> Result<crate::signing::KeysLoaded, AdminClientError> {
+    pub async fn reload_keys(&self) -> Result<crate::core::signing::KeysLoaded, AdminClientError> {
         self.call(Method::POST, "/v1/reload-keys", None).await
     }
 }
