@@ -15,6 +15,7 @@ use toml::Spanned;
 
 use crate::core::log_level::LogControlHandle;
 use crate::http::config::{HttpConfig, RawRoute, RawUpstreamTls};
+use crate::postgres::config::{PostgresConfig, RawPostgres};
 
 /// Default admin listen address (loopback: the admin API has no
 /// authentication until mTLS lands, DESIGN §7).
@@ -63,6 +64,8 @@ pub struct ProxyConfig {
 pub enum Frontend {
     /// HTTP/1.1 and HTTP/2 to an HTTP upstream (DESIGN §4).
     Http(HttpConfig),
+    /// The PostgreSQL wire protocol to an unmodified PostgreSQL (§4a).
+    Postgres(PostgresConfig),
 }
 
 impl ProxyConfig {
@@ -70,6 +73,24 @@ impl ProxyConfig {
     pub fn http(&self) -> Option<&HttpConfig> {
         match &self.frontend {
             Frontend::Http(h) => Some(h),
+            Frontend::Postgres(_) => None,
+        }
+    }
+
+    /// The PostgreSQL front end's settings, when this is a PostgreSQL
+    /// sidecar.
+    pub fn postgres(&self) -> Option<&PostgresConfig> {
+        match &self.frontend {
+            Frontend::Postgres(p) => Some(p),
+            Frontend::Http(_) => None,
+        }
+    }
+
+    /// Mutable [`ProxyConfig::postgres`].
+    pub fn postgres_mut(&mut self) -> Option<&mut PostgresConfig> {
+        match &mut self.frontend {
+            Frontend::Postgres(p) => Some(p),
+            Frontend::Http(_) => None,
         }
     }
 
@@ -77,6 +98,7 @@ impl ProxyConfig {
     pub fn http_mut(&mut self) -> Option<&mut HttpConfig> {
         match &mut self.frontend {
             Frontend::Http(h) => Some(h),
+            Frontend::Postgres(_) => None,
         }
     }
 }
@@ -262,6 +284,8 @@ pub(crate) struct RawConfig {
     pub(crate) upstream_tls: Option<Spanned<RawUpstreamTls>>,
     #[serde(default, rename = "route")]
     pub(crate) routes: Vec<RawRoute>,
+    // PostgreSQL only.
+    pub(crate) postgres: Option<Spanned<RawPostgres>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -459,7 +483,15 @@ impl ProxyConfig {
         }
 
         let frontend = match raw.protocol.as_ref().map(|p| p.get_ref().as_str()) {
-            None | Some("http") => Frontend::Http(HttpConfig::from_raw(&loc, &raw, listen)?),
+            None | Some("http") => {
+                if let Some(pg) = &raw.postgres {
+                    return Err(loc.at(pg, "[postgres] needs protocol = \"postgres\""));
+                }
+                Frontend::Http(HttpConfig::from_raw(&loc, &raw, listen)?)
+            }
+            Some("postgres") => {
+                Frontend::Postgres(PostgresConfig::from_raw(&loc, &raw, raw.postgres.as_ref(), listen)?)
+            }
             Some(other) => {
                 let span = raw.protocol.as_ref().expect("set when not the default");
                 return Err(loc.at(span, format!("protocol {other:?} must be \"http\" or \"postgres\"")));

@@ -17,6 +17,9 @@
 //!   the admin API and its client, metrics.
 //! - `http`: the HTTP front end: routes (P5, P6), the tower layer stack,
 //!   forwarding, problem+json refusals.
+//! - `postgres`: the PostgreSQL front end (G1–G10): the wire protocol
+//!   relayed message by message, token declarations, transactions as the
+//!   unit in flight, older backends ended through an admin connection.
 //! - `config`: `proxy.toml` (both protocols) with every limit and timeout;
 //!   it builds no runtime object.
 //! - `server`: startup ([`start`]), [`check_files`], shutdown.
@@ -49,6 +52,7 @@ mod core;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod http;
+mod postgres;
 mod server;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
@@ -80,6 +84,12 @@ pub use self::{
         fence::{Fence, FenceLayer},
         forward::Forward,
         routes::{PatternError, Route, RouteKind, Router},
+    },
+    postgres::{
+        PostgresStartError,
+        config::{
+            DEFAULT_DRAIN_TIMEOUT, PgAddress, PgAdmin, PgResource, PgSecret, PostgresConfig, PostgresSimpleConfig,
+        },
     },
     server::{ProxyHandle, StartError, check_files, start, start_with_shutdown},
 };

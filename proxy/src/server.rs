@@ -13,12 +13,17 @@ use crate::config::{Frontend, ProxyConfig};
 use crate::core::admin::{self, UpstreamProbe};
 use crate::core::epoch_store::{EpochStore, OpenError};
 use crate::core::fence::FenceCore;
+use crate::core::listener::Accepted;
 use crate::core::listener::{Listener, ListenerSettings};
 use crate::core::metrics::Metrics;
 use crate::core::signing::{KeyReloader, KeysError, TokenVerifier};
 use crate::core::state::Resources;
 use crate::core::tls::TlsError;
 use crate::http::{CONNECTION_LIMIT_REFUSAL, HttpServer};
+use crate::postgres::PgFrontend;
+
+/// A front end's connection handler.
+type Serve = Arc<dyn Fn(Accepted) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +48,9 @@ pub enum StartError {
     /// A TLS certificate, key or CA file could not be used.
     #[error("TLS: {0}")]
     Tls(#[from] TlsError),
+    /// The PostgreSQL front end could not be set up.
+    #[error(transparent)]
+    Postgres(#[from] crate::postgres::PostgresStartError),
     /// Opening the store panicked or was cancelled.
     #[error("the epoch store could not be opened: {0}")]
     Internal(String),
@@ -106,7 +114,8 @@ struct Prepared {
 }
 
 enum PreparedFrontend {
-    Http { forward: crate::http::forward::Forward, tls: Option<tokio_rustls::TlsAcceptor> },
+    Http { forward: Box<crate::http::forward::Forward>, tls: Option<tokio_rustls::TlsAcceptor> },
+    Postgres(crate::postgres::Prepared),
 }
 
 impl Prepared {
@@ -115,8 +124,9 @@ impl Prepared {
         let frontend = match &config.frontend {
             Frontend::Http(http) => {
                 let (forward, tls) = HttpServer::prepare(config, http)?;
-                PreparedFrontend::Http { forward, tls }
+                PreparedFrontend::Http { forward: Box::new(forward), tls }
             }
+            Frontend::Postgres(pg) => PreparedFrontend::Postgres(crate::postgres::Prepared::load(config, pg)?),
         };
         Ok(Self { tokens, frontend })
     }
@@ -191,10 +201,19 @@ pub async fn start_with_shutdown(
                     CONNECTION_LIMIT_REFUSAL
                 };
                 tracing::info!(upstream = %http.upstream, "HTTP proxy");
+                let forward = *forward;
                 let server = HttpServer::new(core.clone(), Arc::new(http.clone()), forward.clone(), tls);
-                let serve = move |conn| server.clone().serve(conn);
+                let serve: Serve = Arc::new(move |conn| Box::pin(server.clone().serve(conn)));
                 ("proxy", refusal, Arc::new(forward), serve)
             }
+            (Frontend::Postgres(pg), PreparedFrontend::Postgres(prepared)) => {
+                tracing::info!(upstream = %pg.upstream, resource = %pg.resource, "PostgreSQL sidecar");
+                let frontend = PgFrontend::new(core.clone(), Arc::new(pg.clone()), prepared);
+                let serving = frontend.clone();
+                let serve: Serve = Arc::new(move |conn| Box::pin(serving.clone().serve(conn)));
+                ("postgres", crate::postgres::CONNECTION_LIMIT_REFUSAL, frontend as Arc<dyn UpstreamProbe>, serve)
+            }
+            _ => unreachable!("prepared from the same configuration"),
         };
     let admin_app = admin::router(core.clone(), probe);
     let admin_shutdown = shutdown.clone();
@@ -211,7 +230,7 @@ pub async fn start_with_shutdown(
     let accept_loop = Listener::new(listener, settings, metrics.clone());
     let accept_shutdown = shutdown.clone();
     let task = tokio::spawn(async move {
-        let drained = accept_loop.run(accept_shutdown, grace, serve).await;
+        let drained = accept_loop.run(accept_shutdown, grace, move |conn| serve(conn)).await;
         let _ = admin_task.await;
         // A stop is clean only if nothing could still land upstream: every
         // connection finished and no resource is indeterminate.

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use fencer_proxy::{AdminClient, DEFAULT_ADMIN_ADDR, LogControlHandle, ProxyConfig, RouteKind, SimpleConfig};
+use fencer_proxy::{
+    AdminClient, DEFAULT_ADMIN_ADDR, LogControlHandle, PostgresSimpleConfig, ProxyConfig, RouteKind, SimpleConfig,
+};
 
 use super::log_level::LogFilter;
 
@@ -20,15 +22,24 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "FENCER_PROXY_CONFIG", conflicts_with_all = ["listen", "upstream", "resource", "data_dir", "read_routes", "signing_keys"])]
     config: Option<PathBuf>,
 
-    /// Address clients connect to, e.g. 127.0.0.1:8087.
+    /// What clients and the upstream speak: `http` (default) or `postgres`
+    /// (the PostgreSQL wire protocol, DESIGN §4a; full settings in the
+    /// config file's `[postgres]` table).
+    #[arg(long, env = "FENCER_PROXY_PROTOCOL", value_enum, default_value_t = Protocol::Http, conflicts_with = "config")]
+    protocol: Protocol,
+
+    /// Address clients connect to, e.g. 127.0.0.1:8087 (PostgreSQL:
+    /// 127.0.0.1:6432).
     #[arg(long, env = "FENCER_PROXY_LISTEN", required_unless_present = "config")]
     listen: Option<SocketAddr>,
 
-    /// The protected service, http://host:port (bind it to loopback, P9).
+    /// The protected service: http://host:port, or for `--protocol
+    /// postgres` host:port or a unix socket path (bind it to loopback, P9/G9).
     #[arg(long, env = "FENCER_PROXY_UPSTREAM", required_unless_present = "config")]
     upstream: Option<String>,
 
-    /// The lock resource every request writes (simple form).
+    /// The lock resource every request writes (simple form); for
+    /// PostgreSQL also a template such as `pg/{database}` (G10).
     #[arg(long, env = "FENCER_PROXY_RESOURCE", required_unless_present = "config")]
     resource: Option<String>,
 
@@ -60,6 +71,15 @@ pub(crate) struct ProxyArgs {
     /// certificates), print the routes, and exit.
     #[arg(long)]
     check_config: bool,
+}
+
+/// The `--protocol` of `fencer proxy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Protocol {
+    /// HTTP/1.1 and HTTP/2 to an HTTP upstream.
+    Http,
+    /// The PostgreSQL wire protocol to an unmodified PostgreSQL.
+    Postgres,
 }
 
 /// Arguments of `fencer rejections`.
@@ -110,6 +130,21 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 fn load_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
     let mut config = match &args.config {
         Some(path) => ProxyConfig::load(path).with_context(|| format!("invalid configuration {}", path.display()))?,
+        None if args.protocol == Protocol::Postgres => {
+            let missing = |flag: &str| anyhow::anyhow!("{flag} is required without --config");
+            if !args.read_routes.is_empty() {
+                anyhow::bail!(
+                    "--read-route applies to the HTTP proxy; PostgreSQL read-only roles are read_only_users in [postgres]"
+                );
+            }
+            ProxyConfig::simple_postgres(PostgresSimpleConfig {
+                listen: args.listen.ok_or_else(|| missing("--listen"))?,
+                upstream: args.upstream.clone().ok_or_else(|| missing("--upstream"))?,
+                resource: args.resource.clone().ok_or_else(|| missing("--resource"))?,
+                data_dir: args.data_dir.clone().ok_or_else(|| missing("--data-dir"))?,
+                admin: DEFAULT_ADMIN_ADDR.parse().context("default admin address")?,
+            })?
+        }
         None => {
             let missing = |flag: &str| anyhow::anyhow!("{flag} is required without --config");
             ProxyConfig::simple(SimpleConfig {
@@ -140,30 +175,55 @@ pub(crate) async fn run_proxy(args: ProxyArgs, log: Arc<LogFilter>) -> anyhow::R
     config.log_control = Some(LogControlHandle(log));
     if args.check_config {
         fencer_proxy::check_files(&config)?;
-        let Some(http) = config.http() else {
-            anyhow::bail!("not an HTTP proxy configuration");
+        let tls = match &config.tls {
+            None => " (plaintext)",
+            Some(t) if t.client_ca_file.is_some() => " (TLS, client certificates required)",
+            Some(_) => " (TLS)",
         };
-        println!(
-            "configuration OK: listen {}{}, upstream {}, admin {}, data dir {}",
-            config.listen,
-            match &config.tls {
-                None => " (plaintext)",
-                Some(t) if t.client_ca_file.is_some() => " (TLS, client certificates required)",
-                Some(_) => " (TLS)",
-            },
-            http.upstream,
-            config.admin,
-            config.data_dir.display()
-        );
-        match &config.signing {
-            None => println!("signed tokens: off (plain tokens, capped by max_epoch_jump only)"),
-            Some(s) => println!(
+        let signing = match &config.signing {
+            None => "signed tokens: off (plain tokens, capped by max_epoch_jump only)".to_owned(),
+            Some(s) => format!(
                 "signed tokens: keys {}, {}, clock skew {:?}",
                 s.keys_file.display(),
                 if s.require_signed { "unsigned refused" } else { "unsigned accepted" },
                 s.clock_skew
             ),
-        }
+        };
+        let Some(http) = config.http() else {
+            let pg = config.postgres().context("a PostgreSQL configuration")?;
+            println!(
+                "configuration OK: PostgreSQL sidecar, listen {}{tls}, upstream {}, resource {}, admin {}, data dir {}",
+                config.listen,
+                pg.upstream,
+                pg.resource,
+                config.admin,
+                config.data_dir.display()
+            );
+            println!("{signing}");
+            println!(
+                "read-only users: {}",
+                if pg.read_only_users.is_empty() { "none".to_owned() } else { pg.read_only_users.join(", ") }
+            );
+            println!(
+                "drain_timeout {:?}, statement_timeout {}, idle_timeout {:?}, older transactions ended by: {}",
+                pg.drain_timeout,
+                pg.statement_timeout.map_or_else(|| "off".to_owned(), |t| format!("{t:?}")),
+                pg.idle_timeout,
+                pg.admin.as_ref().map_or_else(
+                    || "nobody (no [postgres.admin]: higher tokens get FN004 while one is open)".to_owned(),
+                    |a| format!("admin connection as {}", a.user)
+                )
+            );
+            return Ok(ExitCode::SUCCESS);
+        };
+        println!(
+            "configuration OK: listen {}{tls}, upstream {}, admin {}, data dir {}",
+            config.listen,
+            http.upstream,
+            config.admin,
+            config.data_dir.display()
+        );
+        println!("{signing}");
         let rows: Vec<Vec<String>> = http
             .router
             .routes()

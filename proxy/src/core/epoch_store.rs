@@ -538,6 +538,7 @@ mod tests {
             request_id: "r".into(),
             reason: RejectReason::StaleToken,
             status: 409,
+            sqlstate: None,
         }
     }
 

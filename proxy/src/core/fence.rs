@@ -135,7 +135,13 @@ impl FenceCore {
     /// Counts, traces and stores one refusal. `status` is what the client
     /// was answered: the HTTP status, or for PostgreSQL the `FN` code's
     /// HTTP equivalent (so `fencer rejections` reads the same for both).
-    pub(crate) fn record_rejection(&self, ctx: &RejectionContext, rejection: &Rejection, status: u16) {
+    pub(crate) fn record_rejection(
+        &self,
+        ctx: &RejectionContext,
+        rejection: &Rejection,
+        status: u16,
+        sqlstate: Option<&str>,
+    ) {
         let m = &self.metrics;
         m.rejected(rejection.reason);
         let record = RejectionRecord {
@@ -150,6 +156,7 @@ impl FenceCore {
             request_id: ctx.request_id.clone(),
             reason: rejection.reason,
             status,
+            sqlstate: sqlstate.map(str::to_owned),
         };
         tracing::info!(
             reason = rejection.reason.as_str(),

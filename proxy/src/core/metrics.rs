@@ -90,6 +90,8 @@ pub(crate) struct Metrics {
     pub(crate) connections: Gauge,
     pub(crate) connections_refused: Counter,
     pub(crate) connections_timed_out: Family<StageLabels, Counter>,
+    pub(crate) pg_terminations: Counter,
+    pub(crate) pg_cancels: Counter,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -124,6 +126,8 @@ impl Metrics {
             connections: Gauge::default(),
             connections_refused: Counter::default(),
             connections_timed_out: Family::default(),
+            pg_terminations: Counter::default(),
+            pg_cancels: Counter::default(),
             registry: Registry::default(),
         };
         for kind in ["read", "write"] {
@@ -190,6 +194,16 @@ impl Metrics {
             "connections_refused",
             "Client connections refused because limits.max_connections were open",
             m.connections_refused.clone(),
+        );
+        registry.register(
+            "postgres_backends_terminated",
+            "PostgreSQL backends of older transactions ended with pg_terminate_backend (G5)",
+            m.pg_terminations.clone(),
+        );
+        registry.register(
+            "postgres_cancel_requests",
+            "PostgreSQL CancelRequests relayed to the backend they name",
+            m.pg_cancels.clone(),
         );
         registry.register(
             "connections_timed_out",

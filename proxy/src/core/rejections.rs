@@ -50,14 +50,37 @@ pub enum RejectReason {
     TooManyResources,
     /// The declared body is larger than `max_request_body_bytes` (413).
     BodyTooLarge,
+    /// PostgreSQL: a higher token found an older transaction it could not
+    /// end (no admin connection, or the backend would not exit); FN004.
+    Busy,
+    /// PostgreSQL: the token changed inside a transaction after a fenced
+    /// statement (G2, FN005).
+    TokenChangeInTransaction,
+    /// PostgreSQL: `PREPARE TRANSACTION`, `COMMIT PREPARED` or `ROLLBACK
+    /// PREPARED` on a fenced connection (G8, FN006).
+    RefusedStatement,
+    /// PostgreSQL: a form of `SET`/`RESET fencer.token` or
+    /// `fencer.resource` the sidecar does not support (`SET LOCAL`, a
+    /// parameter, a list; FN006).
+    UnsupportedStatement,
 }
 
 impl RejectReason {
     /// Every reason, so each metric series exists from the start.
-    pub const ALL: [RejectReason; 11] = [
+    pub const ALL: [RejectReason; 21] = [
         Self::StaleToken,
         Self::MissingToken,
         Self::MalformedToken,
+        Self::UnsignedToken,
+        Self::BadSignature,
+        Self::UnknownKey,
+        Self::ExpiredKey,
+        Self::KeyNotYetValid,
+        Self::WrongResource,
+        Self::Busy,
+        Self::TokenChangeInTransaction,
+        Self::RefusedStatement,
+        Self::UnsupportedStatement,
         Self::ResourceMismatch,
         Self::Indeterminate,
         Self::TokenJumpTooLarge,
@@ -88,6 +111,10 @@ impl RejectReason {
             Self::InvalidResource => "invalid_resource",
             Self::TooManyResources => "too_many_resources",
             Self::BodyTooLarge => "body_too_large",
+            Self::Busy => "busy",
+            Self::TokenChangeInTransaction => "token_change_in_transaction",
+            Self::RefusedStatement => "refused_statement",
+            Self::UnsupportedStatement => "unsupported_statement",
         }
     }
 }
@@ -117,8 +144,12 @@ pub struct RejectionRecord {
     pub request_id: String,
     /// Why.
     pub reason: RejectReason,
-    /// The HTTP status answered.
+    /// The HTTP status answered; for the PostgreSQL sidecar, the HTTP
+    /// status of the same refusal (409 stale, 428 no token, …).
     pub status: u16,
+    /// PostgreSQL: the SQLSTATE answered (`FN001`…).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqlstate: Option<String>,
 }
 
 /// A page of the rejection table, newest first.

@@ -93,6 +93,12 @@ pub(crate) struct RawRoute {
     kind: Option<Spanned<String>>,
 }
 
+impl RawRoute {
+    pub(crate) fn path_span(&self) -> &Spanned<String> {
+        &self.path
+    }
+}
+
 impl HttpConfig {
     /// The HTTP parts of a parsed `proxy.toml`.
     pub(crate) fn from_raw(loc: &Locator<'_>, raw: &RawConfig, listen: SocketAddr) -> Result<Self, ConfigError> {

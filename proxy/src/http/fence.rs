@@ -123,7 +123,7 @@ impl Fence {
         let refusal = match refusal {
             Refusal::Rejected(mut r) => {
                 r.resource = r.resource.or_else(|| log.resource.clone());
-                self.shared.record_rejection(log, &r, Refusal::status_of(r.reason).as_u16());
+                self.shared.record_rejection(log, &r, Refusal::status_of(r.reason).as_u16(), None);
                 Refusal::Rejected(r)
             }
             other => other,

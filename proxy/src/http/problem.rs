@@ -84,6 +84,11 @@ impl Refusal {
             RejectReason::TokenJumpTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
             RejectReason::NoRoute => StatusCode::NOT_FOUND,
             RejectReason::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            // The PostgreSQL sidecar's own refusals never reach HTTP.
+            RejectReason::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            RejectReason::TokenChangeInTransaction => StatusCode::CONFLICT,
+            RejectReason::RefusedStatement => StatusCode::FORBIDDEN,
+            RejectReason::UnsupportedStatement => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -113,6 +118,16 @@ impl Refusal {
                     ("too-many-resources", "The proxy tracks its maximum number of resources")
                 }
                 RejectReason::BodyTooLarge => ("body-too-large", "The request body is larger than allowed"),
+                RejectReason::Busy => ("busy", "An older transaction holds the resource"),
+                RejectReason::TokenChangeInTransaction => {
+                    ("token-change-in-transaction", "The token changed inside a transaction")
+                }
+                RejectReason::RefusedStatement => {
+                    ("refused-statement", "The statement is refused on a fenced connection")
+                }
+                RejectReason::UnsupportedStatement => {
+                    ("unsupported-statement", "The statement's form is not supported")
+                }
             },
             Self::UpstreamUnreachable(_) => ("upstream-unreachable", "The upstream could not be reached"),
             Self::OutcomeUnknown { .. } => ("outcome-unknown", "The write's outcome is unknown"),
