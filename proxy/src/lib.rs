@@ -64,6 +64,8 @@ mod listener;
 mod log_level;
 mod metrics;
 mod names;
+#[allow(dead_code)] // until the PostgreSQL front end (issue 14) uses it
+mod postgres;
 mod problem;
 mod rejections;
 mod routes;
