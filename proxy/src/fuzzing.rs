@@ -438,3 +438,320 @@ mod tests {
         token_header(b"18446744073709551615");
     }
 }
+
+// ---------------------------------------------------------------------------
+// The PostgreSQL front end's parsers (issue 14): `pg_sql` and `pg_options`.
+// Appended here, with their own lookup and seeds (`pg_check_by_name`,
+// `pg_seeds`), while the rest of the proxy is restructured; they can join
+// `check_by_name` and `seeds` above when the front end is wired up.
+// ---------------------------------------------------------------------------
+
+/// How the PostgreSQL classifier (`postgres::sql`) sees one statement: for
+/// the real-server cross-check in `tests/proxy_pg_sql.rs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgStatement {
+    /// The statement's text (without its `;`).
+    pub text: String,
+    /// Its first keyword as the rejection log would show it.
+    pub keyword: &'static str,
+    /// The decoded value when it declares `fencer.token`.
+    pub sets_token: Option<String>,
+    /// It clears `fencer.token` (`RESET`, `DEFAULT`, `RESET ALL`, `DISCARD ALL`).
+    pub clears_token: bool,
+    /// It is forwarded without a fence (a declaration, a reset, `BEGIN`).
+    pub unfenced: bool,
+    /// The classification, as `Debug` text.
+    pub kind: String,
+    /// An unterminated construct runs to the end.
+    pub incomplete: bool,
+}
+
+/// The statements of a simple-Query string, as the sidecar classifies them.
+pub fn pg_statements(sql: &str, standard_conforming_strings: bool) -> Vec<PgStatement> {
+    use crate::postgres::sql::{StatementKind, split_statements};
+    split_statements(sql, standard_conforming_strings)
+        .into_iter()
+        .map(|s| PgStatement {
+            text: sql[s.range.clone()].to_owned(),
+            keyword: s.keyword,
+            sets_token: match &s.kind {
+                StatementKind::SetToken(v) => Some(v.clone()),
+                _ => None,
+            },
+            clears_token: matches!(
+                s.kind,
+                StatementKind::ResetToken | StatementKind::ResetAll | StatementKind::DiscardAll
+            ),
+            unfenced: is_unfenced(&s.kind),
+            kind: format!("{:?}", s.kind),
+            incomplete: s.incomplete,
+        })
+        .collect()
+}
+
+/// The `-c`/`--` settings of a startup `options` value, or the error text.
+pub fn pg_option_settings(options: &str) -> Result<Vec<(String, String)>, String> {
+    crate::postgres::options::settings(options).map_err(|e| e.to_string())
+}
+
+fn is_unfenced(kind: &crate::postgres::sql::StatementKind) -> bool {
+    use crate::postgres::sql::StatementKind::*;
+    matches!(kind, SetToken(_) | ResetToken | SetResource(_) | ResetResource | ResetAll | DiscardAll | Begin)
+}
+
+/// The PostgreSQL statement splitter and classifier, with
+/// `standard_conforming_strings` on and off: statements are ordered and
+/// disjoint, only the last can be incomplete (and then it is `Other`), a
+/// statement's own text classifies the same, every keyword is one of the
+/// fixed placeholders or statement keywords, each recognised shape has the
+/// keyword it must have, and a declared value written back as a plain
+/// string constant declares the same value.
+pub fn pg_sql(data: &[u8]) {
+    use crate::postgres::sql::{self, StatementKind::*};
+    let text = String::from_utf8_lossy(data);
+    for scs in [true, false] {
+        let statements = sql::split_statements(&text, scs);
+        let mut end = 0;
+        for (i, s) in statements.iter().enumerate() {
+            assert!(end <= s.range.start && s.range.start < s.range.end && s.range.end <= text.len(), "{s:?}");
+            end = s.range.end;
+            let k = s.keyword;
+            assert!(
+                k.len() <= 32 && (k.bytes().all(|b| b.is_ascii_uppercase()) || k == "(" || k == "?"),
+                "keyword {k:?}"
+            );
+            if s.incomplete {
+                assert_eq!(i + 1, statements.len(), "only the last statement can be incomplete");
+                assert_eq!((s.range.end, &s.kind), (text.len(), &Other));
+                continue;
+            }
+            let again = sql::classify_one(&text[s.range.clone()], scs);
+            assert_eq!((again.keyword, &again.kind), (k, &s.kind), "a statement's own text classifies the same");
+            let expected_keywords: &[&str] = match &s.kind {
+                SetToken(_) | SetResource(_) => &["SET"],
+                ResetToken | ResetResource | UnsupportedFencerSetting(_) => &["SET", "RESET"],
+                ResetAll => &["RESET"],
+                DiscardAll => &["DISCARD"],
+                Begin => &["BEGIN", "START"],
+                TwoPhase(_) => &["PREPARE", "COMMIT", "ROLLBACK"],
+                CopyFromStdin => &["COPY"],
+                Other => &[k],
+            };
+            assert!(expected_keywords.contains(&k), "{:?} with keyword {k}", s.kind);
+            if let SetToken(value) | SetResource(value) = &s.kind {
+                let written = format!("SET fencer.token = '{}'", value.replace('\'', "''"));
+                assert_eq!(sql::classify_one(&written, true).kind, SetToken(value.clone()), "{written:?}");
+            }
+        }
+        let one = sql::classify_one(&text, scs);
+        match statements.as_slice() {
+            [only] => assert_eq!(&one, only),
+            _ => assert_eq!(one.kind, Other),
+        }
+    }
+}
+
+/// The startup `options` reader: never more than its bound, names as the
+/// server compares them, and what it returns, written back as `-c name=value`
+/// with backslash escapes, reads back the same.
+pub fn pg_options(data: &[u8]) {
+    use crate::postgres::options::{MAX_OPTIONS_BYTES, OptionsError, settings};
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    match settings(text) {
+        Ok(found) => {
+            assert!(text.len() <= MAX_OPTIONS_BYTES);
+            let escape = |s: &str| {
+                s.chars()
+                    .flat_map(|c| {
+                        let special = c == '\\' || matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r');
+                        special.then_some('\\').into_iter().chain([c])
+                    })
+                    .collect::<String>()
+            };
+            for (name, _) in &found {
+                assert!(!name.contains('-') && !name.contains('='), "{name:?}");
+                assert!(!name.bytes().any(|b| b.is_ascii_uppercase()), "{name:?}");
+            }
+            let written: Vec<String> = found.iter().map(|(n, v)| format!("-c {}={}", escape(n), escape(v))).collect();
+            let written = written.join(" ");
+            if written.len() <= MAX_OPTIONS_BYTES {
+                assert_eq!(settings(&written).as_ref(), Ok(&found), "{written:?}");
+            }
+        }
+        Err(OptionsError::TooLong { len }) => assert!(len == text.len() && len > MAX_OPTIONS_BYTES),
+        Err(e) => {
+            let message = e.to_string();
+            assert!(!message.is_empty() && message.len() < 256, "{message:?}");
+        }
+    }
+}
+
+/// The PostgreSQL checks by target name (the cargo-fuzz binaries).
+pub fn pg_check_by_name(target: &str) -> Option<fn(&[u8])> {
+    Some(match target {
+        "pg_sql" => pg_sql,
+        "pg_options" => pg_options,
+        _ => return None,
+    })
+}
+
+/// Seed inputs for the PostgreSQL targets. Written to
+/// `fuzz/seeds/<target>/seed-NN` (numbered after [`seeds`]) by
+/// `cargo test -p fencer-proxy --features fuzzing write_pg_fuzz_seeds -- --ignored`.
+pub fn pg_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let text = |s: &str| s.as_bytes().to_vec();
+    vec![
+        ("pg_sql", text("SET fencer.token = 42; INSERT INTO t VALUES (1); COMMIT")),
+        ("pg_sql", text("SET SESSION \"fencer\".token TO 'v1.abc'; BEGIN ISOLATION LEVEL SERIALIZABLE, READ WRITE")),
+        ("pg_sql", text("SET U&\"fencer!002etoken\" UESCAPE '!' = E'\\x34\\062'\n'7'; RESET fencer.token; RESET ALL")),
+        ("pg_sql", text("SELECT '\\'; SET fencer.token = 1; --'; SELECT $a$;$b$;$a$, x$a$, $1; DISCARD ALL")),
+        (
+            "pg_sql",
+            text(
+                "CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1 AS end; SELECT CASE WHEN true THEN 1 END; END; SET fencer.token = 2",
+            ),
+        ),
+        (
+            "pg_sql",
+            text("/* /* ; */ */ SELECT 1e--5, U&'\\0041' UESCAPE '!'; COPY t (a) FROM STDIN; PREPARE TRANSACTION 'g'"),
+        ),
+        (
+            "pg_sql",
+            text("SET LOCAL fencer.token = 1; SET fencer.token = 1, 2; SET fencer.token = $1; SET fencer.token = 'x"),
+        ),
+        ("pg_options", text("-c fencer.token=42")),
+        ("pg_options", text("-cfencer.token=1 --fencer.resource=pg/app -c search_path=a\\ b\\\\c")),
+        ("pg_options", text("-ec fencer.token=8 -D -cx=1 -- ")),
+        ("pg_options", text("-c fencer.token")),
+    ]
+}
+
+#[cfg(test)]
+mod pg_tests {
+    //! Bounded proptest runs of the PostgreSQL fuzz checks.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn config() -> ProptestConfig {
+        let cases = std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(256);
+        ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }
+    }
+
+    /// Pieces of SQL that exercise the lexer and the classifier.
+    fn sql_like() -> impl Strategy<Value = Vec<u8>> {
+        let piece = proptest::sample::select(vec![
+            "SET",
+            "RESET",
+            "SESSION",
+            "LOCAL",
+            "fencer",
+            ".",
+            "token",
+            "resource",
+            "\"fencer.token\"",
+            "U&\"fencer\"",
+            "UESCAPE",
+            "'!'",
+            "=",
+            "TO",
+            "DEFAULT",
+            "ALL",
+            "DISCARD",
+            "BEGIN",
+            "ATOMIC",
+            "END",
+            "START",
+            "TRANSACTION",
+            "CREATE",
+            "FUNCTION",
+            "PREPARE",
+            "COMMIT",
+            "PREPARED",
+            "COPY",
+            "FROM",
+            "STDIN",
+            "42",
+            "007",
+            "'4''2'",
+            "E'\\x34'",
+            "$$4$$",
+            "$a$",
+            "$1",
+            "U&'\\0034'",
+            ";",
+            ";",
+            " ",
+            "\n",
+            "/*",
+            "*/",
+            "--",
+            "'",
+            "\"",
+            "\\",
+            "(",
+            ")",
+            ",",
+            "-",
+            "e",
+            "x",
+            "é",
+        ]);
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..200),
+            proptest::collection::vec((piece, proptest::sample::select(vec!["", " ", "\n"])), 0..30)
+                .prop_map(|p| { p.into_iter().flat_map(|(a, b)| [a, b]).collect::<String>().into_bytes() }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn pg_sql_checks(data in sql_like()) {
+            pg_sql(&data);
+        }
+
+        #[test]
+        fn pg_options_checks(data in prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..120),
+            "(-[-a-zA-Z]{0,3}[ \t\\\\]?[a-z.=\\\\ é-]{0,12} ?){0,6}".prop_map(String::into_bytes),
+        ]) {
+            pg_options(&data);
+        }
+    }
+
+    #[test]
+    fn the_pg_seeds_pass_their_checks() {
+        for (target, data) in pg_seeds() {
+            pg_check_by_name(target).expect("a known target")(&data);
+        }
+        assert!(pg_check_by_name("token_header").is_none());
+    }
+
+    #[test]
+    fn pg_statements_show_what_the_sidecar_does() {
+        let s = pg_statements("SET fencer.token = 4; RESET ALL; SELECT 1", true);
+        assert_eq!(s.len(), 3);
+        assert_eq!((s[0].sets_token.as_deref(), s[0].unfenced, s[0].clears_token), (Some("4"), true, false));
+        assert_eq!((s[1].sets_token.as_deref(), s[1].unfenced, s[1].clears_token), (None, true, true));
+        assert_eq!((s[2].keyword, s[2].unfenced, s[2].text.as_str()), ("SELECT", false, "SELECT 1"));
+        assert_eq!(pg_option_settings("-c fencer.token=5"), Ok(vec![("fencer.token".into(), "5".into())]));
+        assert!(pg_option_settings("-c x").is_err());
+    }
+
+    /// Writes `fuzz/seeds/<target>/seed-NN` (run by hand after changing seeds).
+    #[test]
+    #[ignore = "writes the seed corpus into the source tree"]
+    fn write_pg_fuzz_seeds() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
+        for (n, (target, data)) in pg_seeds().into_iter().enumerate() {
+            let dir = root.join(target);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(format!("seed-{:02}", seeds().len() + n)), data).unwrap();
+        }
+    }
+}

@@ -9,7 +9,7 @@
 //! start`, and stops it with `pg_ctl stop -m immediate` when dropped.
 //! Without PostgreSQL it prints a loud SKIPPED (and fails when `CI=true`).
 
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

@@ -11,6 +11,8 @@
 //! - `protocol`: the relay (G1): extended protocol with pipelining, COPY,
 //!   cancel, NOTIFY, TLS, SCRAM, a large COPY, many idle connections.
 
+#![allow(unreachable_pub)]
+
 mod failures;
 mod fencing;
 mod fixture;

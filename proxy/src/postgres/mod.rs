@@ -580,9 +580,7 @@ async fn authenticate(
                     }
                     b'K' => backend = Some(protocol::backend_key(body).map_err(|e| e.to_string())?),
                     b'S' => {
-                        if let Some((name, value)) = protocol::parameter_status(body)
-                            && name == b"standard_conforming_strings"
-                        {
+                        if let Some((b"standard_conforming_strings", value)) = protocol::parameter_status(body) {
                             scs = value == b"on";
                         }
                     }

@@ -210,23 +210,35 @@ pub(crate) fn bind_names(prefix: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((portal, statement))
 }
 
-/// A Parse body: the statement name and its query text.
-pub(crate) fn parse_message(body: &[u8]) -> Result<(&[u8], &str), ProtocolError> {
+/// A Parse body: the statement name and its query text (in the client's
+/// encoding; see [`ascii_prefix`]).
+pub(crate) fn parse_message(body: &[u8]) -> Result<(&[u8], &[u8]), ProtocolError> {
     let bad = |what| ProtocolError::Body { tag: 'P', what };
     let (name, rest) = cstr(body).ok_or(bad("the statement name is not terminated"))?;
     let (query, _types) = cstr(rest).ok_or(bad("the query is not terminated"))?;
-    let query = std::str::from_utf8(query).map_err(|_| bad("the query is not valid UTF-8"))?;
     Ok((name, query))
 }
 
-/// A Query body: the query text.
-pub(crate) fn query_message(body: &[u8]) -> Result<&str, ProtocolError> {
+/// A Query body: the query text (in the client's encoding).
+pub(crate) fn query_message(body: &[u8]) -> Result<&[u8], ProtocolError> {
     let bad = |what| ProtocolError::Body { tag: 'Q', what };
     let (query, rest) = cstr(body).ok_or(bad("the query is not terminated"))?;
     if !rest.is_empty() {
         return Err(bad("bytes follow the query"));
     }
-    std::str::from_utf8(query).map_err(|_| bad("the query is not valid UTF-8"))
+    Ok(query)
+}
+
+/// The length of the ASCII prefix of `raw`. The sidecar recognises a
+/// statement it forwards without fencing (a token declaration, `BEGIN`)
+/// only inside this prefix. ASCII bytes mean the same in every client
+/// encoding PostgreSQL supports: a multi-byte character always starts with
+/// a byte of 0x80 or above (in SJIS, BIG5, GBK, UHC, GB18030 and JOHAB a
+/// later byte of it may be ASCII, a `\` say, but only after such a start),
+/// so PostgreSQL splits and reads that prefix exactly as the classifier
+/// does. Past it every statement is fenced, whatever it looks like.
+pub(crate) fn ascii_prefix(raw: &[u8]) -> usize {
+    raw.iter().position(|b| !b.is_ascii()).unwrap_or(raw.len())
 }
 
 /// An Execute body: the portal name.

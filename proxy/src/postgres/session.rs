@@ -239,6 +239,7 @@ pub(crate) enum End {
     UpstreamProtocol(ProtocolError),
     /// A session limit (prepared statements) was passed.
     Limit(String),
+
     /// The sidecar is shutting down and the session was idle.
     Drained,
     /// The grace period is over.
@@ -699,9 +700,12 @@ where
         match tag {
             b'Q' => self.query(msg.clone()).await?,
             b'P' => {
-                let (name, text) = parse_message(body).map_err(End::ClientProtocol)?;
+                let (name, raw) = parse_message(body).map_err(End::ClientProtocol)?;
                 let scs = lock(&self.session.shared).standard_conforming_strings;
-                let st = sql::classify_one(text, scs);
+                let mut st = sql::classify_one(&String::from_utf8_lossy(raw), scs);
+                if protocol::ascii_prefix(raw) < raw.len() {
+                    st.kind = outside_the_ascii_prefix(st.kind);
+                }
                 let name = Bytes::copy_from_slice(name);
                 self.parse(name, st, &msg).await?;
             }
@@ -1002,9 +1006,17 @@ where
     }
 
     async fn query(&mut self, msg: Bytes) -> Result<(), End> {
-        let text = query_message(&msg[5..]).map_err(End::ClientProtocol)?;
+        let raw = query_message(&msg[5..]).map_err(End::ClientProtocol)?;
         let scs = lock(&self.session.shared).standard_conforming_strings;
-        let statements = sql::split_statements(text, scs);
+        let ascii = protocol::ascii_prefix(raw);
+        let mut statements = sql::split_statements(&String::from_utf8_lossy(raw), scs);
+        if ascii < raw.len() {
+            // The lossy text's offsets equal the raw ones up to the first
+            // non-ASCII byte.
+            for st in statements.iter_mut().filter(|st| st.range.end > ascii) {
+                st.kind = outside_the_ascii_prefix(std::mem::replace(&mut st.kind, StatementKind::Other));
+            }
+        }
         let mut decls = Vec::new();
         let mut fenced: Option<&'static str> = None;
         let mut needs_token = false;
@@ -1169,6 +1181,17 @@ where
             }
         }
         Ok(())
+    }
+}
+
+/// What a statement that is not all ASCII counts as: never a statement
+/// forwarded without fencing (see [`protocol::ascii_prefix`]); refusals
+/// (two-phase commands, unsupported SETs) stay refusals.
+fn outside_the_ascii_prefix(kind: StatementKind) -> StatementKind {
+    match kind {
+        k
+        @ (StatementKind::TwoPhase(_) | StatementKind::UnsupportedFencerSetting(_) | StatementKind::CopyFromStdin) => k,
+        _ => StatementKind::Other,
     }
 }
 
@@ -1375,9 +1398,7 @@ where
                 None
             }
             b'S' => {
-                if let Some((name, value)) = protocol::parameter_status(body)
-                    && name == b"standard_conforming_strings"
-                {
+                if let Some((b"standard_conforming_strings", value)) = protocol::parameter_status(body) {
                     s.standard_conforming_strings = value == b"on";
                 }
                 None
