@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use fencer_proxy::testing::{Method, Status, TestClient, TestUpstream};
-use fencer_proxy::{AdminClient, ClearIndeterminateRequest, ProxyConfig, ProxyHandle, RaiseEpochRequest, RejectReason};
+use fencer_proxy::{AdminClient, ClearIndeterminateRequest, ProxyHandle, RaiseEpochRequest, RejectReason};
+use fencer_testkit::ProxyConfigBuilder;
 
 /// Generous bound for anything that should happen "soon" on a noisy machine.
 const SOON: Duration = Duration::from_secs(20);
@@ -26,45 +27,15 @@ impl Harness {
     async fn start(timeouts: &str, floor: u64) -> Self {
         let upstream = TestUpstream::start().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let text = format!(
-            r#"
-listen = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-upstream = "{up}"
-data_dir = "{data}"
-max_epoch_jump = 1000
-
-[timeouts]
-{timeouts}
-
-[[route]]
-methods = ["GET"]
-path = "/ping"
-kind = "read"
-
-[[route]]
-methods = ["GET"]
-path = "/query"
-query = {{ q = "SHOW DATABASES" }}
-kind = "read"
-
-[[route]]
-path = "/db/{{name}}/*"
-resource = "db/{{name}}"
-
-[[route]]
-path = "/query"
-query = {{ db = "{{db}}" }}
-resource = "influx/{{db}}"
-
-[[route]]
-path = "/write"
-resource = "main"
-"#,
-            up = upstream.url(),
-            data = dir.path().display(),
-        );
-        let config = ProxyConfig::from_toml_str(&text).unwrap();
+        let config = ProxyConfigBuilder::new(&upstream.url(), dir.path())
+            .setting("max_epoch_jump = 1000")
+            .table("timeouts", timeouts)
+            .read(&["GET"], "/ping")
+            .read_if(&["GET"], "/query", ("q", "SHOW DATABASES"))
+            .write(&[], "/db/{name}/*", "db/{name}")
+            .write_if(&[], "/query", ("db", "{db}"), "influx/{db}")
+            .write(&[], "/write", "main")
+            .build();
         let proxy = fencer_proxy::start(config, Some(floor)).await.unwrap();
         let admin = AdminClient::new(&proxy.admin_addr().to_string(), SOON).unwrap();
         Self { upstream, proxy: Some(proxy), client: TestClient::new(), admin, dir }

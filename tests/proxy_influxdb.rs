@@ -4,117 +4,47 @@
 //! log (through `fencer rejections`) names A's write. A write hidden in a
 //! `GET /query` needs a token too (P5).
 //!
-//! The test starts `influxd` itself on free loopback ports with a temporary
-//! directory and a generated config, and stops it by PID. Without `influxd`
-//! (Debian package `influxdb`) it prints a loud skip message and returns.
+//! The test starts the kit's throwaway `influxd` (free loopback ports, a
+//! temporary directory, stopped by PID). Without `influxd` (Debian package
+//! `influxdb`) it prints a loud skip message and returns.
 
-mod proxy_support;
-
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use fencer_proxy::testing::{Method, Status, TestClient};
-use proxy_support::{ChildGuard, FENCER, free_addr, run_fencer, wait_http};
+use fencer_testkit::influxdb::{self, Influxd};
+use fencer_testkit::{Proc, ProxyConfigBuilder, fencer_bin, free_addr, run_fencer, wait_http};
 
-const INFLUXD: &str = "/usr/bin/influxd";
 const SOON: Duration = Duration::from_secs(60);
 const DB: &str = "fencer_e2e";
 
 #[tokio::test]
 async fn t90_influxdb_zombie_writer_is_fenced() {
-    if !Path::new(INFLUXD).exists() {
-        eprintln!(
-            "\n\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-             !! SKIPPED t90_influxdb_zombie_writer_is_fenced: {INFLUXD} not found.\n\
-             !! Install it with `apt-get install -y influxdb` (CI does).\n\
-             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-        );
+    if !influxdb::installed("t90_influxdb_zombie_writer_is_fenced") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let (influx_http, influx_rpc) = (free_addr(), free_addr());
-    let influx_conf = root.join("influxdb.conf");
-    std::fs::write(
-        &influx_conf,
-        format!(
-            r#"reporting-disabled = true
-bind-address = "{influx_rpc}"
+    let mut influxd = Influxd::start(root).await;
+    let influx_http = influxd.http;
 
-[meta]
-  dir = "{root}/meta"
-
-[data]
-  dir = "{root}/data"
-  wal-dir = "{root}/wal"
-  query-log-enabled = false
-
-[monitor]
-  store-enabled = false
-
-[subscriber]
-  enabled = false
-
-[continuous_queries]
-  enabled = false
-
-[http]
-  enabled = true
-  bind-address = "{influx_http}"
-  auth-enabled = false
-  log-enabled = false
-  pprof-enabled = false
-"#,
-            root = root.display()
-        ),
-    )
-    .unwrap();
-    let influx_log = root.join("influxd.log");
-    let mut influxd = ChildGuard::spawn("influxd", Command::new(INFLUXD).arg("-config").arg(&influx_conf), &influx_log);
-    wait_http(influx_http, "/ping", Status::NO_CONTENT, &mut influxd, &influx_log, SOON).await;
-
+    influxd.create_database(DB).await;
     let client = TestClient::new();
-    let created =
-        client.send(influx_http, Method::POST, &format!("/query?q=CREATE+DATABASE+{DB}"), &[], "").await.unwrap();
-    assert_eq!(created.status, Status::OK, "{:?}", created.body);
 
     // The sidecar: reads allow-listed explicitly, everything else a write.
     let (listen, admin) = (free_addr(), free_addr());
-    let proxy_conf = root.join("proxy.toml");
-    std::fs::write(
-        &proxy_conf,
-        format!(
-            r#"listen = "{listen}"
-admin = "{admin}"
-upstream = "http://{influx_http}"
-data_dir = "{root}/proxy"
-
-[[route]]
-methods = ["GET", "HEAD"]
-path = "/ping"
-kind = "read"
-
-[[route]]
-methods = ["POST"]
-path = "/write"
-query = {{ db = "{{db}}" }}
-resource = "influx/{{db}}"
-
-[[route]]
-path = "/query"
-query = {{ db = "{{db}}" }}
-resource = "influx/{{db}}"
-"#,
-            root = root.display()
-        ),
-    )
-    .unwrap();
+    let proxy_conf = ProxyConfigBuilder::new(&format!("http://{influx_http}"), root.join("proxy"))
+        .listen(listen)
+        .admin(admin)
+        .read(&["GET", "HEAD"], "/ping")
+        .write_if(&["POST"], "/write", ("db", "{db}"), "influx/{db}")
+        .write_if(&[], "/query", ("db", "{db}"), "influx/{db}")
+        .write_to(&root.join("proxy.toml"));
     let proxy_log = root.join("proxy.log");
-    let mut cmd = Command::new(FENCER);
+    let mut cmd = Command::new(fencer_bin());
     cmd.args(["proxy", "--config"]).arg(&proxy_conf).args(["--floor", "1"]);
-    let mut proxy = ChildGuard::spawn("fencer proxy", &mut cmd, &proxy_log);
-    wait_http(admin, "/readyz", Status::OK, &mut proxy, &proxy_log, SOON).await;
+    let mut proxy = Proc::spawn("fencer proxy", &mut cmd, &proxy_log);
+    wait_http(admin, "/readyz", 200, &mut proxy, SOON).await;
 
     let write = |token: u64, value: u64| {
         let client = client.clone();
@@ -177,5 +107,5 @@ resource = "influx/{{db}}"
     assert_eq!(stale["route"], "/write");
 
     assert!(proxy.terminate(SOON).is_some_and(|s| s.success()), "proxy stops cleanly on SIGTERM");
-    influxd.terminate(SOON);
+    influxd.proc().terminate(SOON);
 }

@@ -3,14 +3,38 @@
 //! forward, across kill -9), P10 (an empty store refuses to serve without a
 //! floor), config validation, and the operator CLI.
 
-mod proxy_support;
-
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use fencer_proxy::testing::{Status, TestClient, TestUpstream};
-use proxy_support::{free_addr, run_fencer, start_proxy};
+use fencer_testkit::{Proc, fencer_bin, free_addr, run_fencer, wait_http};
 
 const SOON: Duration = Duration::from_secs(30);
+
+/// Starts `fencer proxy` with the simple flags (resource `main`, `GET /ping`
+/// a read) and waits until its admin API is live.
+async fn start_proxy(
+    listen: SocketAddr,
+    admin: SocketAddr,
+    upstream: &str,
+    data_dir: &Path,
+    floor: Option<u64>,
+    log: &Path,
+) -> Proc {
+    let mut cmd = Command::new(fencer_bin());
+    cmd.args(["proxy", "--listen", &listen.to_string(), "--admin", &admin.to_string()])
+        .args(["--upstream", upstream, "--resource", "main", "--read-route", "GET:/ping"])
+        .arg("--data-dir")
+        .arg(data_dir);
+    if let Some(f) = floor {
+        cmd.args(["--floor", &f.to_string()]);
+    }
+    let mut proxy = Proc::spawn("fencer proxy", &mut cmd, log);
+    wait_http(admin, "/livez", 200, &mut proxy, SOON).await;
+    proxy
+}
 
 /// P10: a proxy whose store is empty refuses to serve unless given a floor,
 /// and says how to fix it; it does not create a store it then refuses.

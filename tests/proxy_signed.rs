@@ -3,8 +3,6 @@
 //! genuine holder out (E never decreases, P8). Each test names the rule it
 //! protects; none asserts on timing. Keys are Ed25519, made in the test.
 
-mod proxy_support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -12,9 +10,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use fencer_proxy::testing::{Method, Status, TestClient, TestResponse, TestUpstream};
-use fencer_proxy::{AdminClient, ProxyConfig, ProxyHandle, RejectReason, RejectionRecord};
+use fencer_proxy::{AdminClient, ProxyHandle, RejectReason, RejectionRecord};
+use fencer_testkit::{Proc, ProxyConfigBuilder, Signal, fencer_bin, free_addr, wait_http};
 use fencer_token::{KeyId, KeySet, PublicKeyEntry, Signer};
-use proxy_support::{ChildGuard, FENCER, free_addr, wait_http};
 
 const SOON: Duration = Duration::from_secs(20);
 const HOUR: u64 = 3_600_000;
@@ -33,22 +31,13 @@ fn write_keys(path: &Path, keys: Vec<PublicKeyEntry>) {
     KeySet { keys }.write(path).unwrap();
 }
 
-fn config_text(upstream: &str, data: &Path, signing: &str) -> String {
-    format!(
-        r#"
-listen = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-upstream = "{upstream}"
-data_dir = "{data}"
-max_epoch_jump = 1000
-
-{signing}
-
-[[route]]
-path = "/db/{{name}}/*"
-resource = "db/{{name}}"
-"#,
-        data = data.display(),
+/// A proxy in front of `upstream` with `signing` (a `[signing]` table) and
+/// one route: `/db/{name}/*` writes `db/{name}`.
+fn config(upstream: &str, data: &Path, signing: &str) -> ProxyConfigBuilder {
+    ProxyConfigBuilder::new(upstream, data).setting("max_epoch_jump = 1000").raw(signing).write(
+        &[],
+        "/db/{name}/*",
+        "db/{name}",
     )
 }
 
@@ -70,8 +59,7 @@ impl Harness {
         let keys_file = dir.path().join("keys.json");
         write_keys(&keys_file, keys);
         let signing = format!("[signing]\nkeys_file = \"{}\"\n{extra}", keys_file.display());
-        let config = ProxyConfig::from_toml_str(&config_text(&upstream.url(), &dir.path().join("data"), &signing))
-            .expect("valid config");
+        let config = config(&upstream.url(), &dir.path().join("data"), &signing).build();
         let proxy = fencer_proxy::start(config, Some(FLOOR)).await.unwrap();
         let admin = AdminClient::new(&proxy.admin_addr().to_string(), SOON).unwrap();
         Self { upstream, proxy, client: TestClient::new(), admin, keys_file, _dir: dir }
@@ -313,25 +301,25 @@ async fn t86_the_binary_checks_keys_and_reloads_them_on_sighup() {
     let (k1, k2) = (signer("k1", 1), signer("k2", 2));
     write_keys(&keys_file, vec![k1.public_entry(now_ms() - HOUR, None)]);
     let (listen, admin) = (free_addr(), free_addr());
-    let text = config_text(&upstream.url(), &dir.path().join("data"), &format!("[signing]\nkeys_file = {keys_file:?}"))
-        .replace("127.0.0.1:0\"\nadmin = \"127.0.0.1:0", &format!("{listen}\"\nadmin = \"{admin}"));
-    let config = dir.path().join("proxy.toml");
-    std::fs::write(&config, text).unwrap();
+    let config = config(&upstream.url(), &dir.path().join("data"), &format!("[signing]\nkeys_file = {keys_file:?}"))
+        .listen(listen)
+        .admin(admin)
+        .write_to(&dir.path().join("proxy.toml"));
 
-    let check = Command::new(FENCER).args(["proxy", "--check-config", "--config"]).arg(&config).output().unwrap();
+    let check = Command::new(fencer_bin()).args(["proxy", "--check-config", "--config"]).arg(&config).output().unwrap();
     let stdout = String::from_utf8_lossy(&check.stdout);
     assert!(check.status.success() && stdout.contains("unsigned refused"), "{stdout}{:?}", check.stderr);
     let broken = dir.path().join("broken.toml");
     std::fs::write(&broken, std::fs::read_to_string(&config).unwrap().replace("keys.json", "missing.json")).unwrap();
-    let check = Command::new(FENCER).args(["proxy", "--check-config", "--config"]).arg(&broken).output().unwrap();
+    let check = Command::new(fencer_bin()).args(["proxy", "--check-config", "--config"]).arg(&broken).output().unwrap();
     let stderr = String::from_utf8_lossy(&check.stderr);
     assert!(!check.status.success() && stderr.contains("missing.json"), "{stderr}");
 
     let log = dir.path().join("proxy.log");
-    let mut cmd = Command::new(FENCER);
+    let mut cmd = Command::new(fencer_bin());
     cmd.args(["proxy", "--floor", "100", "--config"]).arg(&config);
-    let mut proxy = ChildGuard::spawn("fencer proxy", &mut cmd, &log);
-    wait_http(admin, "/livez", Status::OK, &mut proxy, &log, SOON).await;
+    let mut proxy = Proc::spawn("fencer proxy", &mut cmd, &log);
+    wait_http(admin, "/livez", 200, &mut proxy, SOON).await;
     let client = TestClient::new();
     let by_k2 = k2.sign("db/a", 150, LID, now_ms()).unwrap();
     let headers = [("fencing-token", by_k2.as_str())];
@@ -339,8 +327,7 @@ async fn t86_the_binary_checks_keys_and_reloads_them_on_sighup() {
     assert_refused(&write().await.unwrap(), Status::FORBIDDEN, "unknown-key");
 
     write_keys(&keys_file, vec![k1.public_entry(now_ms() - HOUR, None), k2.public_entry(now_ms() - HOUR, None)]);
-    let hup = Command::new("kill").args(["-HUP", &proxy.pid().to_string()]).status().unwrap();
-    assert!(hup.success());
+    proxy.signal(Signal::HUP);
     let mut status = Status::FORBIDDEN;
     for _ in 0..400 {
         status = write().await.unwrap().status;
@@ -350,6 +337,6 @@ async fn t86_the_binary_checks_keys_and_reloads_them_on_sighup() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert_eq!(status, Status::OK, "SIGHUP did not reload the keys; log:\n{}", std::fs::read_to_string(&log).unwrap());
-    assert!(!proxy.has_exited(), "SIGHUP must not stop the proxy");
+    assert!(proxy.alive(), "SIGHUP must not stop the proxy");
     proxy.terminate(SOON);
 }

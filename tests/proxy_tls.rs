@@ -11,26 +11,12 @@ use std::time::Duration;
 
 use fencer_proxy::testing::{CertUse, Status, TestCert, TestClient, TestPki, TestUpstream};
 use fencer_proxy::{AdminClient, ProxyConfig, ProxyHandle, RejectReason};
+use fencer_testkit::ProxyConfigBuilder;
 
 const SOON: Duration = Duration::from_secs(20);
 
 async fn start_proxy(upstream: &str, data: &Path, tables: &str) -> ProxyHandle {
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-upstream = "{upstream}"
-data_dir = "{data}"
-
-{tables}
-
-[[route]]
-path = "/db/{{name}}/*"
-resource = "db/{{name}}"
-"#,
-        data = data.display(),
-    );
-    let config = ProxyConfig::from_toml_str(&text).expect("valid config");
+    let config = ProxyConfigBuilder::new(upstream, data).raw(tables).write(&[], "/db/{name}/*", "db/{name}").build();
     fencer_proxy::start(config, Some(1)).await.unwrap()
 }
 

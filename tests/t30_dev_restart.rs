@@ -1,9 +1,7 @@
 //! `fencer dev` as a real process: the CLI contract, and kill -9 then restart
 //! on the same data dir keeps every lock and never reuses a token (I2).
 
-mod common;
-
-use common::{free_port, run, run_json, spawn_dev};
+use fencer_testkit::{free_port, http_get_blocking, run, run_json, spawn_dev};
 
 #[test]
 fn t30_kill_9_and_restart_keeps_locks_and_tokens_grow() {
@@ -95,7 +93,7 @@ fn t31_cli_contract_exit_codes_and_json_errors() {
         run_json(&["release", "cli/x", "--lease", a["lease_id"].as_str().unwrap(), "--endpoints", &ep, "-o", "json"]);
     assert_eq!((code, r["released"].as_bool(), r["was_holder"].as_bool()), (0, Some(true), Some(true)));
     // JSON over HTTP for curl users.
-    let (status, body) = common::http_get(port, "/v1/locks/cli/x").unwrap();
+    let (status, body) = http_get_blocking(("127.0.0.1", port), "/v1/locks/cli/x").unwrap();
     assert_eq!(status, 200);
     assert!(body.contains("\"held\":false"), "{body}");
 }

@@ -3,13 +3,11 @@
 //! and then Lost no later than its local deadline; the deadline counts from
 //! the send time of the request, never from the arrival of the answer.
 
-mod common;
-
 use std::time::Duration;
 
-use common::fault::FaultProxy;
-use common::node;
 use fencer_client::{AcquireError, LeaseState, LostReason};
+use fencer_testkit::fault::FaultProxy;
+use fencer_testkit::node;
 use tokio::time::{Instant, sleep_until, timeout};
 
 const TTL: Duration = Duration::from_millis(1000);

@@ -10,14 +10,12 @@
 //!   normally: the next renewal is refused and the lease is Lost at once,
 //!   well before its local deadline.
 
-mod common;
-
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::node;
 use fencer_client::{Client, LeaseState, LostReason, StampedError};
+use fencer_testkit::node;
 use http::{HeaderMap, Request};
 use tower::{Layer, Service, ServiceExt};
 

@@ -11,14 +11,12 @@
 //!   starts over with a fresh id only after that cancellation — still never
 //!   two waiters at once.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::fault::{FaultProxy, Loss};
-use common::node;
 use fencer_client::Client;
+use fencer_testkit::fault::{FaultProxy, Loss};
+use fencer_testkit::node;
 use tokio::time::Instant;
 
 #[tokio::test]

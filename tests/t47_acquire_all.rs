@@ -2,13 +2,11 @@
 //! taken so far released (in reverse order) when the rest cannot be had in
 //! time. Not atomic: the test also shows the partial state is visible.
 
-mod common;
-
 use std::time::Duration;
 
-use common::fault::FaultProxy;
-use common::node;
 use fencer_client::{AcquireAllError, AcquireError, Reason};
+use fencer_testkit::fault::FaultProxy;
+use fencer_testkit::node;
 use tokio::time::Instant;
 
 #[tokio::test]

@@ -2,16 +2,12 @@
 //! command sees the lock in its environment; when the lock is lost it gets
 //! SIGTERM and then SIGKILL before the local deadline; exit codes are the
 //! documented ones (`src/exit.rs`, `docs/client.md`).
-// Synchronous process driving with wall-clock polling, as in `common`.
-#![allow(clippy::disallowed_types)]
-
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{fencer_bin, free_port, run_json, signal, spawn_dev};
+use fencer_testkit::{Proc, Signal, fencer_bin, free_port, run, run_json, signal_group, spawn_dev};
+use tokio::time::Instant;
 
 /// Runs `fencer exec …` to completion: (exit code, stdout, stderr).
 fn exec(ep: &str, args: &[&str]) -> (i32, String, String) {
@@ -73,7 +69,7 @@ fn t48_exec_passes_the_lock_to_the_command_and_its_exit_codes_are_as_documented(
             "sh",
             "-c",
             r#"fencer_token="$FENCER_TOKEN"; "$0" get t48/held -o json; echo "$fencer_token""#,
-            fencer_bin(),
+            fencer_bin().to_str().unwrap(),
         ],
     );
     assert_eq!(code, 0);
@@ -105,7 +101,7 @@ fn t48_exec_passes_the_lock_to_the_command_and_its_exit_codes_are_as_documented(
     let dead = format!("127.0.0.1:{}", free_port());
     assert_eq!(exec(&dead, &["t48/x", "--retry-budget", "300ms", "--", "true"]).0, 205, "unavailable");
     // The other commands keep their codes.
-    assert_eq!(common::run(&["acquire", "t48/usage", "--no-such-flag"]).0, 2);
+    assert_eq!(run(&["acquire", "t48/usage", "--no-such-flag"]).0, 2);
 }
 
 /// The wall clock in nanoseconds, as `date +%s%N` prints it.
@@ -133,7 +129,7 @@ fn t48_exec_stops_the_command_with_sigterm_then_sigkill_before_the_deadline() {
         while :; do date +%s%N > "$W/hb.tmp"; mv "$W/hb.tmp" "$W/heartbeat"; sleep 0.05; done
     "#;
     let log = std::fs::File::create(work.join("exec.log")).unwrap();
-    let mut exec = Command::new(fencer_bin())
+    let exec = Command::new(fencer_bin())
         .args(["exec", "t48/loss", "--ttl", "3s", "--term-grace", "0s", "--kill-before", "800ms"])
         .args(["--endpoints", &ep, "--", "sh", "-c", script])
         .env("W", work)
@@ -143,6 +139,7 @@ fn t48_exec_stops_the_command_with_sigterm_then_sigkill_before_the_deadline() {
         .stderr(log)
         .spawn()
         .unwrap();
+    let mut exec = Proc::adopt("fencer exec", exec, &work.join("exec.log"));
     // Running with the lock for a while (a few renewals).
     let started = Instant::now();
     while read(&work.join("heartbeat")).is_empty() {
@@ -154,26 +151,26 @@ fn t48_exec_stops_the_command_with_sigterm_then_sigkill_before_the_deadline() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(1500));
-    assert!(exec.try_wait().unwrap().is_none());
-    let child_pid: i32 = read(&work.join("pid")).trim().parse().unwrap();
+    assert!(exec.alive());
+    let child_pid: u32 = read(&work.join("pid")).trim().parse().unwrap();
 
     // The coordinator stops answering: no renewal can succeed after this.
     let stopped_ns = wall_ns();
-    signal(dev.pid(), "STOP");
+    dev.pause();
     let status = loop {
-        if let Some(status) = exec.try_wait().unwrap() {
+        if let Some(status) = exec.exited() {
             break status;
         }
         if started.elapsed() > Duration::from_secs(30) {
-            let _ = exec.kill();
+            exec.kill9();
             // The command runs in a process group of its own: end all of it.
-            signal(-child_pid, "KILL");
-            signal(dev.pid(), "CONT");
+            signal_group(child_pid, Signal::KILL);
+            dev.resume();
             panic!("fencer exec did not end; its log:\n{}", read(&work.join("exec.log")));
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    signal(dev.pid(), "CONT");
+    dev.resume();
     let log = read(&work.join("exec.log"));
     assert_eq!(status.code(), Some(204), "lock lost: {log}");
     assert!(read(&work.join("signals")).contains("TERM"), "SIGTERM first: {log}");

@@ -2,11 +2,9 @@
 //! `FENCER_*` variable, lock flags too, and `fencer completions SHELL`
 //! prints a script that knows the subcommands.
 
-mod common;
-
 use std::process::Command;
 
-use common::{fencer_bin, free_port, spawn_dev};
+use fencer_testkit::{fencer_bin, free_port, spawn_dev};
 
 fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = Command::new(fencer_bin()).args(args).envs(env.iter().copied()).output().unwrap();

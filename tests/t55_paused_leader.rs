@@ -4,39 +4,19 @@
 //! during the pause — produces a second holder (I1 with lease time, I2, I5,
 //! I7). Real `fencer coordinator` processes on 127.0.0.x.
 
-#[path = "common/cluster.rs"]
-mod cluster;
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use cluster::history::{Answer, Call, History, Op};
-use cluster::invariants::check_all;
-use cluster::{ELECTION_MAX, ProcCluster};
-use fencer_client::{Client, ClientError};
+use fencer_client::Client;
 use fencer_proto::v1::lock_client::LockClient;
 use fencer_proto::v1::{AcquireRequest, RenewRequest};
+use fencer_testkit::grpc::{answer_of, client_answer};
+use fencer_testkit::history::{Answer, Call, History, Op, check_all};
+use fencer_testkit::proc_cluster::{ELECTION_MAX, ProcCluster};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 const TTL: u64 = 1_500;
-
-fn answer_of(status: &tonic::Status) -> Answer {
-    match status.code() {
-        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => {
-            Answer::Unavailable { reason: status.message().to_string() }
-        }
-        code => Answer::Refused { reason: format!("{code:?}") },
-    }
-}
-
-fn client_answer(e: &ClientError) -> Answer {
-    match e {
-        ClientError::Refused { reason, .. } => Answer::Refused { reason: reason.as_str().to_string() },
-        other => Answer::Unavailable { reason: other.to_string() },
-    }
-}
 
 /// A raw client of exactly one node: no leader following, 5 s per call.
 async fn direct(addr: &str) -> LockClient<Channel> {

@@ -5,14 +5,10 @@
 //! dir; a data dir from another cluster is refused with a clear error; a node
 //! is replaced with `fencer member add-learner | promote | remove`.
 
-#[path = "common/cluster.rs"]
-mod cluster;
-mod common;
-
 use std::time::Duration;
 
-use cluster::ProcCluster;
-use common::{run, run_json, spawn};
+use fencer_testkit::proc_cluster::{ELECTION_MIN, HEARTBEAT, ProcCluster};
+use fencer_testkit::{free_port, run, run_json, spawn_fencer, wait_ready};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -85,15 +81,15 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
     let current = c.settled(Duration::from_secs(20)).await;
     let victim = c.ids().into_iter().find(|n| *n != current).unwrap();
     let foreign = c.dir.path().join("foreign");
-    let lone_addr = format!("127.0.0.1:{}", common::free_port());
+    let lone_addr = format!("127.0.0.1:{}", free_port());
     let foreign_s = foreign.display().to_string();
     let id_s = victim.to_string();
-    let mut lone = spawn(
+    let mut lone = spawn_fencer(
         &["coordinator", "--id", &id_s, "--listen", &lone_addr, "--data-dir", &foreign_s],
         &c.dir.path().join("lone.log"),
     );
     let lone_port: u16 = lone_addr.rsplit_once(':').unwrap().1.parse().unwrap();
-    common::wait_ready(lone_port, Duration::from_secs(20), &lone);
+    wait_ready(lone_port, Duration::from_secs(20), &mut lone);
     lone.terminate(Duration::from_secs(10));
     c.kill9(victim);
     let args = c.coordinator_args(victim, &foreign);
@@ -108,7 +104,7 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
     let addr4 = format!("{ip4}:{}", std::net::TcpListener::bind((ip4, 0)).unwrap().local_addr().unwrap().port());
     let dir4 = c.dir.path().join("n4").display().to_string();
     let peers4 = format!("{},4={addr4}", c.peers());
-    let _node4 = spawn(
+    let _node4 = spawn_fencer(
         &[
             "coordinator",
             "--id",
@@ -120,9 +116,9 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
             "--data-dir",
             &dir4,
             "--heartbeat",
-            cluster::HEARTBEAT,
+            HEARTBEAT,
             "--election-timeout",
-            cluster::ELECTION_MIN,
+            ELECTION_MIN,
         ],
         &c.dir.path().join("n4.log"),
     );

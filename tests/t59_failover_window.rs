@@ -10,16 +10,12 @@
 //! cargo test --release --test t59_failover_window -- --ignored --nocapture
 //! ```
 
-#[path = "common/cluster.rs"]
-mod cluster;
-mod common;
-
 use std::time::Duration;
 
-use cluster::ProcCluster;
 use fencer_client::Client;
 use fencer_proto::v1::AcquireRequest;
 use fencer_proto::v1::lock_client::LockClient;
+use fencer_testkit::ProcCluster;
 use tokio::time::Instant;
 use tonic::transport::Endpoint;
 

@@ -18,21 +18,18 @@
 //! Run against the in-process recording test upstream always, and against a
 //! real InfluxDB 1.x when `influxd` is installed (loud SKIPPED otherwise).
 
-#[path = "common/cluster.rs"]
-mod cluster;
-mod common;
 mod workload;
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
-use cluster::ProcCluster;
 use fencer_proxy::testing::{Method, TestClient, TestUpstream};
+use fencer_testkit::{Proc, ProcCluster, Signal, run, signal};
 use serde_json::{Value, json};
 use workload::proxy::{ProxyProc, Routes};
-use workload::upstream::{INFLUXD, InfluxRecorder};
+use workload::upstream::InfluxRecorder;
 
 /// Lease ttl of both clients.
 const TTL: Duration = Duration::from_millis(1500);
@@ -41,10 +38,11 @@ const SOON: Duration = Duration::from_secs(30);
 /// Prefix of the protocol lines a client process prints.
 const TAG: &str = "ZOMBIE-CLIENT ";
 
-/// A client process: this test binary running `zombie_client_process`.
+/// A client process: this test binary running `zombie_client_process`
+/// (its stderr is the test's; killed by PID when dropped).
 struct ClientProc {
     name: &'static str,
-    child: Child,
+    proc: Proc,
     stdin: ChildStdin,
     lines: Receiver<String>,
 }
@@ -89,11 +87,12 @@ impl ClientProc {
                 }
             }
         });
-        Self { name, child, stdin, lines }
+        let proc = Proc::adopt(&format!("client {name}"), child, std::path::Path::new("/dev/null"));
+        Self { name, proc, stdin, lines }
     }
 
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
+    fn pid(&self) -> u32 {
+        self.proc.pid()
     }
 
     fn send(&mut self, command: &str) {
@@ -108,14 +107,6 @@ impl ClientProc {
         let (w, rest) = msg.split_once(' ').unwrap_or((&msg, "null"));
         assert_eq!(w, word, "client {}: {msg}", self.name);
         serde_json::from_str(rest).unwrap()
-    }
-}
-
-impl Drop for ClientProc {
-    fn drop(&mut self) {
-        common::signal(self.pid(), "CONT");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -150,7 +141,7 @@ async fn zombie_scenario(db: Database, dir: &std::path::Path) {
     assert_eq!(a.expect("CHECKED").await["held"], true, "A's lease is held before the pause");
 
     // 2. A stops (SIGSTOP by PID) with the write pending.
-    common::signal(a.pid(), "STOP");
+    signal(a.pid(), Signal::STOP);
 
     // 3. B waits for the lock, gets it once A's lease expired, and writes.
     let mut b = ClientProc::start("B", &endpoints, resource, SOON, &proxy_addr, path, body);
@@ -161,7 +152,7 @@ async fn zombie_scenario(db: Database, dir: &std::path::Path) {
     assert!(wrote["status"].as_u64().is_some_and(|s| (200..300).contains(&s)), "B's write: {wrote}");
 
     // 4. A resumes and writes with t1: fenced.
-    common::signal(a.pid(), "CONT");
+    signal(a.pid(), Signal::CONT);
     a.send("go");
     let zombie = a.expect("WROTE").await;
     assert_eq!(zombie["status"], 409, "A's write after the pause: {zombie}");
@@ -195,7 +186,7 @@ async fn zombie_scenario(db: Database, dir: &std::path::Path) {
     let admin = proxy.admin.to_string();
     let mut named = None;
     for _ in 0..100 {
-        let out = common::run(&["rejections", "--admin", &admin, "-o", "json"]);
+        let out = run(&["rejections", "--admin", &admin, "-o", "json"]);
         assert_eq!(out.0, 0, "fencer rejections: {}", out.2);
         let page: Value = serde_json::from_str(&out.1).unwrap();
         named = page["rejections"]
@@ -231,16 +222,11 @@ async fn t61_zombie_writer_is_fenced_by_the_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t61_zombie_writer_is_fenced_in_front_of_influxdb() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(influx) = InfluxRecorder::start(dir.path(), &["zombie".to_string()]).await else {
-        eprintln!(
-            "\n\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-             !! SKIPPED t61_zombie_writer_is_fenced_in_front_of_influxdb: {INFLUXD} not found.\n\
-             !! Install it with `apt-get install -y influxdb` (CI does).\n\
-             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-        );
+    if !fencer_testkit::influxdb::installed("t61_zombie_writer_is_fenced_in_front_of_influxdb") {
         return;
-    };
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let influx = InfluxRecorder::start(dir.path(), &["zombie".to_string()]).await;
     zombie_scenario(Database::Influx(influx), dir.path()).await;
 }
 

@@ -4,14 +4,10 @@
 //! stays quiet on the correct neighbour of that history. No cluster, no
 //! processes: these run in milliseconds.
 
-#[path = "history/mod.rs"]
-mod invariants;
-
 use std::time::Duration;
 
-use invariants::fenced_writes::UpstreamEvent;
-use invariants::history::{Answer, Call, Op};
-use invariants::report::{Violation, render};
+use fencer_testkit::history::report::render;
+use fencer_testkit::history::{self, Answer, Call, Op, UpstreamEvent, Violation};
 
 const TTL: u64 = 1_000;
 
@@ -57,7 +53,7 @@ fn names(violations: &[Violation]) -> Vec<&'static str> {
 }
 
 fn check(ops: &[Op], upstream: &[UpstreamEvent]) -> Vec<Violation> {
-    let v = invariants::check(ops, upstream);
+    let v = history::check(ops, upstream);
     eprintln!("{}", render("t62", ops, upstream, &[], &v));
     v
 }

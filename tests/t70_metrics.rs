@@ -11,7 +11,9 @@ use std::time::Duration;
 use fencer_proto::v1::lock_client::LockClient;
 use fencer_proto::v1::{AcquireRequest, GetLockRequest, RenewRequest};
 use fencer_proxy::testing::Method;
-use obs_support::{Exposition, Stack};
+use fencer_testkit::eventually;
+use fencer_testkit::metrics::Exposition;
+use obs_support::Stack;
 
 fn acquire_req(resource: &str, request_id: &str, ttl_ms: u64) -> AcquireRequest {
     AcquireRequest {
@@ -43,15 +45,14 @@ async fn t70_metrics_move_through_acquire_conflict_expiry_and_a_proxy_rejection(
     let bogus = RenewRequest { resource: obs_support::PROXY_RESOURCE.into(), lease_id: "0".repeat(32) };
     assert_eq!(c.renew(bogus).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
     c.acquire(acquire_req("t70/expiring", "t70-expire-1", 500)).await.unwrap();
-    let mut expired = false;
-    for _ in 0..250 {
-        if !c.get_lock(GetLockRequest { resource: "t70/expiring".into() }).await.unwrap().into_inner().held {
-            expired = true;
-            break;
+    eventually("the unrenewed lease expires", Duration::from_secs(5), || {
+        let mut c = c.clone();
+        async move {
+            let view = c.get_lock(GetLockRequest { resource: "t70/expiring".into() }).await.unwrap().into_inner();
+            (!view.held).then_some(())
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(expired, "the unrenewed lease expires");
+    })
+    .await;
 
     // The proxy: the holder's token is accepted (and raises the epoch), an
     // older one is fenced off, a write without a token is refused.
@@ -62,14 +63,11 @@ async fn t70_metrics_move_through_acquire_conflict_expiry_and_a_proxy_rejection(
     assert_eq!(untokened.status.as_u16(), 428);
 
     // The audit lines are written by the persister thread just after apply.
-    let mut node1 = s.scrape_node().await;
-    for _ in 0..250 {
-        if delta(&node0, &node1, "fencer_audit_lines_total") >= 3.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        node1 = s.scrape_node().await;
-    }
+    let node1 = eventually("three audit lines written", Duration::from_secs(5), || async {
+        let now = s.scrape_node().await;
+        (delta(&node0, &now, "fencer_audit_lines_total") >= 3.0).then_some(now)
+    })
+    .await;
     let proxy1 = s.scrape_proxy().await;
 
     let d = |series: &str| delta(&node0, &node1, series);

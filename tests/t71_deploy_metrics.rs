@@ -12,7 +12,8 @@ mod obs_support;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use obs_support::{Exposition, Stack};
+use fencer_testkit::metrics::Exposition;
+use obs_support::Stack;
 
 const RULES: &str = "deploy/prometheus/fencer-alerts.yml";
 const DASHBOARD: &str = "deploy/grafana/fencer-dashboard.json";

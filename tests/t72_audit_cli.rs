@@ -4,11 +4,9 @@
 //! may be behind and the tail of the log re-applied at restart), and every
 //! filter selects what it says.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{free_port, http_get, run, run_json, spawn_dev};
+use fencer_testkit::{free_port, http_get_blocking, run, run_json, spawn_dev};
 use serde_json::Value;
 
 /// `fencer audit ARGS -o json`: the records, one JSON object per line.
@@ -54,7 +52,7 @@ fn t72_fencer_audit_filters_a_nodes_log_and_a_kill_9_writes_nothing_twice() {
     node.kill9();
     let mut node = spawn_dev(&data, port, &tmp.path().join("dev-2.log"));
     let c = cli(&["acquire", "aud/c", "--ttl", "30s", "--holder", "carol"]);
-    if let Some((_, metrics)) = http_get(port, "/metrics")
+    if let Some((_, metrics)) = http_get_blocking(("127.0.0.1", port), "/metrics")
         && let Some(line) = metrics.lines().find(|l| l.starts_with("fencer_audit_lines_skipped_total"))
     {
         eprintln!("after the restart: {line}");

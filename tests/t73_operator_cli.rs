@@ -5,24 +5,13 @@
 //! filter — after which a call's JSON log lines carry its op, resource,
 //! request id and log index from arrival to apply.
 
-mod common;
-
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use common::{free_port, http_get, run, run_json, spawn, wait_ready};
+use fencer_testkit::{
+    Proc, eventually_blocking, fencer_bin, free_port, http_get_blocking, run, run_json, spawn_fencer, wait_ready,
+};
 use serde_json::Value;
-
-/// Polls `f` every 50 ms, at most `limit / 50 ms` times.
-fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    for _ in 0..=limit.as_millis() / 50 {
-        if let Some(v) = f() {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out after {limit:?} waiting for: {what}");
-}
 
 #[test]
 fn t73_top_finds_the_busiest_resource_status_shows_readiness_and_the_status_port_serves_health() {
@@ -31,11 +20,11 @@ fn t73_top_finds_the_busiest_resource_status_shows_readiness_and_the_status_port
     let ep = format!("127.0.0.1:{port}");
     let status_addr = format!("127.0.0.1:{status_port}");
     let data = tmp.path().join("data");
-    let mut node = spawn(
+    let mut node = spawn_fencer(
         &["dev", "--data-dir", data.to_str().unwrap(), "--listen", &ep, "--status-listen", &status_addr],
         &tmp.path().join("dev.log"),
     );
-    wait_ready(port, Duration::from_secs(20), &node);
+    wait_ready(port, Duration::from_secs(20), &mut node);
     let cli = |args: &[&str]| {
         let mut all = args.to_vec();
         all.extend_from_slice(&["--endpoints", &ep, "-o", "json"]);
@@ -49,13 +38,10 @@ fn t73_top_finds_the_busiest_resource_status_shows_readiness_and_the_status_port
     let refused = run(&["acquire", "hot/1", "--endpoints", &ep]);
     assert_eq!(refused.0, 3, "LOCK_HELD: {}", refused.2);
     cli(&["acquire", "cold/1"]);
-    let mut waiter = Command::new(common::fencer_bin())
-        .args(["acquire", "hot/1", "--wait", "60s", "--endpoints", &ep])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    eventually("the waiter queued", Duration::from_secs(10), || {
+    let mut waiter = Command::new(fencer_bin());
+    waiter.args(["acquire", "hot/1", "--wait", "60s", "--endpoints", &ep]);
+    let mut waiter = Proc::spawn("fencer acquire --wait", &mut waiter, &tmp.path().join("waiter.log"));
+    eventually_blocking("the waiter queued", Duration::from_secs(10), || {
         (cli(&["get", "hot/1"])["waiters"].as_u64() == Some(1)).then_some(())
     });
 
@@ -71,8 +57,7 @@ fn t73_top_finds_the_busiest_resource_status_shows_readiness_and_the_status_port
     let (code, table, err) = run(&["top", "--endpoints", &ep]);
     assert_eq!(code, 0, "{err}");
     assert!(table.contains("RESOURCE") && table.contains("hot/1") && table.contains("cold/1"), "{table}");
-    let _ = waiter.kill();
-    let _ = waiter.wait();
+    waiter.kill9();
 
     // Readiness in `fencer status`, as a column and in JSON.
     let (code, table, err) = run(&["status", "--endpoints", &ep]);
@@ -85,17 +70,17 @@ fn t73_top_finds_the_busiest_resource_status_shows_readiness_and_the_status_port
     assert_eq!(status["nodes"][0]["status"]["ready"], true, "{status}");
 
     // The status port: health, metrics, status, operator endpoints; no lock API.
-    assert_eq!(http_get(status_port, "/readyz").map(|r| r.0), Some(200));
-    assert_eq!(http_get(status_port, "/livez").map(|r| r.0), Some(200));
-    let metrics = http_get(status_port, "/metrics").unwrap().1;
+    assert_eq!(http_get_blocking(("127.0.0.1", status_port), "/readyz").map(|r| r.0), Some(200));
+    assert_eq!(http_get_blocking(("127.0.0.1", status_port), "/livez").map(|r| r.0), Some(200));
+    let metrics = http_get_blocking(("127.0.0.1", status_port), "/metrics").unwrap().1;
     assert!(metrics.lines().any(|l| l == "fencer_ready 1"), "{metrics}");
-    assert_eq!(http_get(status_port, "/v1/admin/hot?by=hold").map(|r| r.0), Some(200));
+    assert_eq!(http_get_blocking(("127.0.0.1", status_port), "/v1/admin/hot?by=hold").map(|r| r.0), Some(200));
     assert_eq!(
-        http_get(status_port, "/v1/locks/hot/1").map(|r| r.0),
+        http_get_blocking(("127.0.0.1", status_port), "/v1/locks/hot/1").map(|r| r.0),
         Some(404),
         "the lock API is not on the status port"
     );
-    assert_eq!(http_get(port, "/v1/admin/hot?limit=0").map(|r| r.0), Some(400));
+    assert_eq!(http_get_blocking(("127.0.0.1", port), "/v1/admin/hot?limit=0").map(|r| r.0), Some(400));
     node.terminate(Duration::from_secs(10));
 }
 
@@ -111,8 +96,9 @@ fn t73_log_level_changes_at_run_time_and_a_call_is_traced_from_arrival_to_apply(
     let ep = format!("127.0.0.1:{port}");
     let log = tmp.path().join("dev.log");
     let data = tmp.path().join("data");
-    let mut node = spawn(&["dev", "--data-dir", data.to_str().unwrap(), "--listen", &ep, "--log-format", "json"], &log);
-    wait_ready(port, Duration::from_secs(20), &node);
+    let mut node =
+        spawn_fencer(&["dev", "--data-dir", data.to_str().unwrap(), "--listen", &ep, "--log-format", "json"], &log);
+    wait_ready(port, Duration::from_secs(20), &mut node);
 
     let (code, filter, err) = run(&["log-level", "--node", &ep]);
     assert_eq!((code, filter.trim()), (0, "info,openraft=warn"), "{err}");
@@ -129,7 +115,7 @@ fn t73_log_level_changes_at_run_time_and_a_call_is_traced_from_arrival_to_apply(
 
     // The call's span carries op, resource, request id and log index; the
     // apply logs the same log index and request id.
-    let (done, applied) = eventually("the call and its apply in the log", Duration::from_secs(10), || {
+    let (done, applied) = eventually_blocking("the call and its apply in the log", Duration::from_secs(10), || {
         let lines = json_lines(&log);
         let done = lines
             .iter()
@@ -160,7 +146,7 @@ fn t73_log_level_changes_at_run_time_and_a_call_is_traced_from_arrival_to_apply(
     let (listen, admin, upstream) = (free_port(), free_port(), free_port());
     let admin_addr = format!("127.0.0.1:{admin}");
     let proxy_data = tmp.path().join("proxy");
-    let mut proxy = spawn(
+    let mut proxy = spawn_fencer(
         &[
             "proxy",
             "--listen",
@@ -178,8 +164,8 @@ fn t73_log_level_changes_at_run_time_and_a_call_is_traced_from_arrival_to_apply(
         ],
         &tmp.path().join("proxy.log"),
     );
-    eventually("the proxy's admin API", Duration::from_secs(20), || {
-        (http_get(admin, "/livez").map(|r| r.0) == Some(200)).then_some(())
+    eventually_blocking("the proxy's admin API", Duration::from_secs(20), || {
+        (http_get_blocking(("127.0.0.1", admin), "/livez").map(|r| r.0) == Some(200)).then_some(())
     });
     assert_eq!(run(&["log-level", "--proxy-admin", &admin_addr]).1.trim(), "info,openraft=warn");
     let (code, out, err) = run(&["log-level", "--proxy-admin", &admin_addr, "fencer_proxy=debug", "-o", "json"]);

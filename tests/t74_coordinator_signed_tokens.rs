@@ -7,8 +7,6 @@
 //! retired. Each refusal is in the rejection log with its reason. `fencer
 //! exec` hands the signed token to its command.
 
-mod proxy_support;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -16,8 +14,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use fencer_proxy::testing::{Method, Status, TestClient, TestResponse, TestUpstream};
-use fencer_proxy::{AdminClient, ProxyConfig, ProxyHandle, RejectReason};
-use proxy_support::{ChildGuard, FENCER, free_addr, run_fencer, wait_http};
+use fencer_proxy::{AdminClient, ProxyHandle, RejectReason};
+use fencer_testkit::{Proc, ProxyConfigBuilder, fencer_bin, free_addr, run_fencer, wait_http};
 use serde_json::Value;
 
 const SOON: Duration = Duration::from_secs(20);
@@ -62,26 +60,11 @@ async fn start_strict_proxy(upstream: &TestUpstream, dir: &Path, keys_file: &Pat
 /// A proxy verifying tokens against `keys_file`; `signing_extra` goes into
 /// its `[signing]` table.
 async fn start_proxy_with(upstream: &TestUpstream, dir: &Path, keys_file: &Path, signing_extra: &str) -> ProxyHandle {
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-upstream = "{upstream}"
-data_dir = "{data}"
-
-[signing]
-keys_file = "{keys}"
-{signing_extra}
-
-[[route]]
-path = "/db/{{name}}/*"
-resource = "db/{{name}}"
-"#,
-        upstream = upstream.url(),
-        data = dir.join("proxy-data").display(),
-        keys = keys_file.display(),
-    );
-    fencer_proxy::start(ProxyConfig::from_toml_str(&text).unwrap(), Some(0)).await.unwrap()
+    let config = ProxyConfigBuilder::new(&upstream.url(), dir.join("proxy-data"))
+        .table("signing", &format!("keys_file = {keys_file:?}\n{signing_extra}"))
+        .write(&[], "/db/{name}/*", "db/{name}")
+        .build();
+    fencer_proxy::start(config, Some(0)).await.unwrap()
 }
 
 async fn write(proxy: &ProxyHandle, resource: &str, token: &str) -> TestResponse {
@@ -101,10 +84,10 @@ async fn t74_the_proxy_verifies_the_coordinators_tokens() {
     let addr = free_addr();
     let endpoint = addr.to_string();
     let log = dir.path().join("dev.log");
-    let mut cmd = Command::new(FENCER);
+    let mut cmd = Command::new(fencer_bin());
     cmd.args(["dev", "--listen", &endpoint, "--data-dir"]).arg(dir.path().join("data"));
-    let mut dev = ChildGuard::spawn("fencer dev", &mut cmd, &log);
-    wait_http(addr, "/readyz", Status::OK, &mut dev, &log, SOON).await;
+    let mut dev = Proc::spawn("fencer dev", &mut cmd, &log);
+    wait_http(addr, "/readyz", 200, &mut dev, SOON).await;
 
     let (token_x, signed_x) = acquire(&endpoint, "db/x");
     let keys_file = dir.path().join("keys.json");

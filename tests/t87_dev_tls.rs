@@ -3,12 +3,10 @@
 //! command line that works, refuses plaintext clients, and the CLI's TLS
 //! flags (`--ca`, `--cert`, `--key`) reach it.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
 
-use common::{free_port, run, run_json, spawn, wait_ready};
+use fencer_testkit::{free_port, run, run_json, spawn_fencer, wait_ready};
 
 #[test]
 fn t87_dev_tls_prints_working_client_flags_and_refuses_plaintext() {
@@ -26,8 +24,8 @@ fn t87_dev_tls_prints_working_client_flags_and_refuses_plaintext() {
         "--status-listen",
         &format!("127.0.0.1:{status_port}"),
     ];
-    let mut node = spawn(&args, &dir.path().join("dev1.log"));
-    wait_ready(status_port, Duration::from_secs(20), &node);
+    let mut node = spawn_fencer(&args, &dir.path().join("dev1.log"));
+    wait_ready(status_port, Duration::from_secs(20), &mut node);
 
     let tls = data.join("tls");
     for key in ["ca.key", "node.key", "client.key"] {
@@ -82,8 +80,8 @@ fn t87_dev_tls_prints_working_client_flags_and_refuses_plaintext() {
     // A restart reuses the certificates.
     let before = std::fs::read(&ca).unwrap();
     assert!(node.terminate(Duration::from_secs(10)).is_some_and(|s| s.success()));
-    let node = spawn(&args, &dir.path().join("dev2.log"));
-    wait_ready(status_port, Duration::from_secs(20), &node);
+    let mut node = spawn_fencer(&args, &dir.path().join("dev2.log"));
+    wait_ready(status_port, Duration::from_secs(20), &mut node);
     assert_eq!(std::fs::read(&ca).unwrap(), before, "the CA was replaced on restart");
     let get = with(&["get", "tls/orders", "-o", "json"]);
     let (code, v) = run_json(&get.iter().map(String::as_str).collect::<Vec<_>>());

@@ -4,8 +4,6 @@
 //! other's resources — not even with the other's lease id — and the per-tenant
 //! limits answer RESOURCE_EXHAUSTED naming the limit.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +11,7 @@ use fencer_client::{Client, ClientError, ClientTls, Reason};
 use fencer_coordinator::{
     CertFiles, CertUse, DEFAULT_TLS_HANDSHAKE_TIMEOUT, DevCa, Node, NodeTls, Tenants, bearer_token_sha256,
 };
+use fencer_testkit::{fencer_bin, free_port, node};
 use tonic::Code;
 
 const BETA_TOKEN: &str = "beta-secret-token-0123456789";
@@ -66,7 +65,7 @@ async fn start_node(
     key: &std::path::Path,
     ca: std::path::PathBuf,
 ) -> Node {
-    let mut config = common::node::fast_config(data);
+    let mut config = node::fast_config(data);
     config.tls = Some(NodeTls {
         cert_file: cert.to_path_buf(),
         key_file: key.to_path_buf(),
@@ -75,9 +74,7 @@ async fn start_node(
         handshake_timeout: DEFAULT_TLS_HANDSHAKE_TIMEOUT,
     });
     config.tenants = Some(Arc::new(Tenants::parse("tenants.toml", &tenants_file()).unwrap()));
-    let node = Node::start(config).await.unwrap();
-    node.wait_for_leader(Duration::from_secs(10)).await.unwrap();
-    node
+    node::start_with(config).await
 }
 
 async fn start() -> Setup {
@@ -314,8 +311,8 @@ fn t88_a_cluster_with_tenants_refuses_to_start_with_raft_open() {
     let dir = tempfile::tempdir().unwrap();
     let tenants = dir.path().join("tenants.toml");
     std::fs::write(&tenants, tenants_file()).unwrap();
-    let (a, b) = (common::free_port(), common::free_port());
-    let out = std::process::Command::new(common::fencer_bin())
+    let (a, b) = (free_port(), free_port());
+    let out = std::process::Command::new(fencer_bin())
         .args(["coordinator", "--id", "1", "--listen", &format!("127.0.0.1:{a}")])
         .args(["--peers", &format!("1=127.0.0.1:{a},2=127.0.0.1:{b}")])
         .arg("--data-dir")

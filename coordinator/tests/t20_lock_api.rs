@@ -2,12 +2,11 @@
 //! conflict, waiting, wait timeout, cancel on disconnect, stale release (I4),
 //! retries with the same request id (I7), expiry and promotion.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{acquire, client, reason, start};
 use fencer_proto::v1::{GetLockRequest, ListLocksRequest, ReleaseRequest, RenewRequest};
+use fencer_testkit::grpc::reason;
+use fencer_testkit::node::{acquire, grpc_client as client, start};
 use tonic::Code;
 
 #[tokio::test]

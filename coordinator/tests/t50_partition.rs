@@ -3,16 +3,14 @@
 //! while the majority elects a new leader and carries on; with two of three
 //! nodes down nothing is granted and the state survives recovery.
 
-mod harness;
-
 use std::time::Duration;
 
 use fencer_coordinator::NodeId;
 use fencer_proto::v1::GetLockRequest;
-use harness::history::{Answer, Call, History, Op};
-use harness::invariants::check_all;
-use harness::replicas::assert_replicas_agree;
-use harness::{Cluster, ELECTION_MAX, eventually};
+use fencer_testkit::cluster::replicas::assert_replicas_agree;
+use fencer_testkit::cluster::{Cluster, ELECTION_MAX};
+use fencer_testkit::eventually;
+use fencer_testkit::history::{Answer, Call, History, Op, check_all};
 
 /// Slack on top of one election timeout for timers on a busy 2-core machine.
 const SLACK: Duration = Duration::from_millis(400);

@@ -5,16 +5,15 @@
 //! are cancelled after the grace period; a lease is never expired early,
 //! also across a leader change (I6).
 
-mod harness;
-
 use std::time::Duration;
 
 use fencer_coordinator::{NodeId, ResourceName};
 use fencer_proto::v1::GetLockRequest;
-use harness::history::{Answer, Call, History};
-use harness::invariants::check_all;
-use harness::replicas::assert_replicas_agree;
-use harness::{Cluster, ELECTION_MAX, eventually, reason};
+use fencer_testkit::cluster::replicas::assert_replicas_agree;
+use fencer_testkit::cluster::{Cluster, ELECTION_MAX};
+use fencer_testkit::eventually;
+use fencer_testkit::grpc::reason;
+use fencer_testkit::history::{Answer, Call, History, check_all};
 use tokio::time::Instant;
 
 const TIMEOUT: Duration = Duration::from_secs(10);

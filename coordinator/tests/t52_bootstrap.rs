@@ -4,16 +4,14 @@
 //! refused with a clear error; a dead node is replaced with add learner →
 //! promote → remove.
 
-mod harness;
-
 use std::time::Duration;
 
 use fencer_coordinator::{Node, NodeConfig, NodeId, StartError};
 use fencer_proto::v1::{AddLearnerRequest, ChangeMembershipRequest, GetLockRequest};
-use harness::history::History;
-use harness::invariants::check_all;
-use harness::replicas::assert_replicas_agree;
-use harness::{Cluster, eventually};
+use fencer_testkit::cluster::Cluster;
+use fencer_testkit::cluster::replicas::assert_replicas_agree;
+use fencer_testkit::eventually;
+use fencer_testkit::history::{History, check_all};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -5,15 +5,13 @@
 //! growing (I2). Snapshots are built while applies go on (the build does not
 //! hold the apply path), which the concurrent writes here exercise.
 
-mod harness;
-
 use std::time::Duration;
 
 use fencer_coordinator::{RequestId, ResourceName};
-use harness::history::History;
-use harness::invariants::check_all;
-use harness::replicas::assert_replicas_agree;
-use harness::{Cluster, eventually};
+use fencer_testkit::cluster::Cluster;
+use fencer_testkit::cluster::replicas::assert_replicas_agree;
+use fencer_testkit::eventually;
+use fencer_testkit::history::{History, check_all};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 

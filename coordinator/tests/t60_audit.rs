@@ -3,15 +3,14 @@
 //! and still exactly one after the state file is lost and every entry is
 //! applied again.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::{acquire, client, fast_config, reason, start};
 use fencer_coordinator::{AuditOp, AuditOutcome, AuditRecord, STATE_FILE, audit_files, read_audit_file};
 use fencer_proto::v1::admin_client::AdminClient;
 use fencer_proto::v1::{ForceReleaseRequest, GetLockRequest, ReleaseRequest, RenewRequest};
+use fencer_testkit::grpc::reason;
+use fencer_testkit::node::{acquire, fast_config, grpc_client as client, start, start_with};
 
 fn lines(dir: &Path) -> Vec<AuditRecord> {
     let mut skipped = 0;
@@ -193,7 +192,7 @@ async fn t60_an_audit_dir_with_another_logs_lines_is_refused_for_a_new_data_dir(
         c.audit = Some(fencer_coordinator::AuditConfig { dir: Some(audit.clone()), ..Default::default() });
         c
     };
-    let node = common::start_with(config("first")).await;
+    let node = start_with(config("first")).await;
     let mut c = client(&node).await;
     acquire(&mut c, "aud/x", "audit-x-0001", 5_000, 0).await.unwrap();
     node.shutdown().await;

@@ -2,12 +2,11 @@
 //! RPC turn not-ready on every node when the cluster loses its quorum, and
 //! ready again when the quorum is back.
 
-mod harness;
-
 use std::time::Duration;
 
 use fencer_proto::v1::StatusRequest;
-use harness::{Cluster, eventually};
+use fencer_testkit::cluster::Cluster;
+use fencer_testkit::eventually;
 
 /// `/readyz` of node `n`: (status code, body).
 async fn readyz(c: &Cluster, n: u64) -> (u16, String) {

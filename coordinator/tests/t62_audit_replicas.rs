@@ -4,15 +4,14 @@
 //! `snapshot_installed` line at the snapshot's index, writes no line for
 //! the entries the snapshot covered, and audits everything after it.
 
-mod harness;
-
 use std::path::Path;
 use std::time::Duration;
 
 use fencer_coordinator::{AuditOp, AuditRecord, audit_files, read_audit_file};
-use harness::history::History;
-use harness::replicas::assert_replicas_agree;
-use harness::{Cluster, eventually};
+use fencer_testkit::cluster::Cluster;
+use fencer_testkit::cluster::replicas::assert_replicas_agree;
+use fencer_testkit::eventually;
+use fencer_testkit::history::History;
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 

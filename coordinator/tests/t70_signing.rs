@@ -5,16 +5,16 @@
 //! failover, and also retried grants. Rotation and retirement through the
 //! admin API.
 
-mod harness;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fencer_coordinator::{SigningKeyView, key_set};
 use fencer_proto::v1::{
     AcquireRequest, AcquireResponse, ListSigningKeysRequest, RetireSigningKeyRequest, RotateSigningKeyRequest,
 };
+use fencer_testkit::cluster::Cluster;
+use fencer_testkit::eventually;
+use fencer_testkit::grpc::reason;
 use fencer_token::{KeyRing, KeySet, PresentedToken, SignedToken, VerifyError};
-use harness::{Cluster, eventually, reason};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 

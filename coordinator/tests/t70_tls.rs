@@ -4,8 +4,6 @@
 //! without a certificate from the peer CA is refused, and a node holding a
 //! certificate from another CA never joins.
 
-mod harness;
-
 use std::path::Path;
 use std::time::Duration;
 
@@ -14,7 +12,8 @@ use fencer_proto::raft::HelloRequest;
 use fencer_proto::raft::raft_client::RaftClient;
 use fencer_proto::v1::AcquireRequest;
 use fencer_proto::v1::lock_client::LockClient;
-use harness::{Cluster, eventually, free_addr};
+use fencer_testkit::cluster::Cluster;
+use fencer_testkit::{eventually, free_addr};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 

@@ -28,11 +28,8 @@ use fencer_proxy::testing::{TestClient, TestUpstream};
 use self::nemesis::Fault;
 use self::proxy::{ProxyProc, Routes};
 use self::upstream::{InfluxRecorder, Recording};
-use super::cluster::ProcCluster;
-use super::cluster::history::History;
-use super::cluster::invariants::fenced_writes::UpstreamEvent;
-use super::cluster::invariants::history::Op;
-use super::cluster::invariants::report::{self, Violation};
+use fencer_testkit::ProcCluster;
+use fencer_testkit::history::{self, History, Op, UpstreamEvent, Violation, report};
 
 /// A small deterministic generator (splitmix64): reproducible choices from
 /// a printed seed, without a dependency.
@@ -199,16 +196,16 @@ impl Outcome {
 pub const COORDINATOR_ARGS: &[&str] =
     &["--heartbeat", "100ms", "--election-timeout", "300ms", "--snapshot-every", "1000"];
 
-/// Runs the workload and checks the history. `None` when the configuration
-/// needs `influxd` and it is not installed.
-pub async fn run(config: Config) -> Option<Outcome> {
+/// Runs the workload and checks the history. A configuration with InfluxDB
+/// needs `influxd`: check [`fencer_testkit::influxdb::installed`] first.
+pub async fn run(config: Config) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let databases: Vec<String> = (0..config.resources)
         .map(|i| format!("h{i}"))
         .chain((0..config.cold_resources).map(|i| format!("c{i}")))
         .collect();
     let (recording, routes) = if config.influx {
-        (Recording::Influx(InfluxRecorder::start(dir.path(), &databases).await?), Routes::Influx)
+        (Recording::Influx(InfluxRecorder::start(dir.path(), &databases).await), Routes::Influx)
     } else {
         (Recording::Test(TestUpstream::start().await.unwrap()), Routes::Paths)
     };
@@ -250,7 +247,7 @@ pub async fn run(config: Config) -> Option<Outcome> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let ops = history.ops();
     let upstream = name_resources(recording.events(), &ops);
-    let mut violations = super::cluster::invariants::check(&ops, &upstream);
+    let mut violations = history::check(&ops, &upstream);
     if let Recording::Influx(r) = &recording {
         violations.extend(influx_holds_exactly_the_applied_writes(r, &databases, &upstream).await);
     }
@@ -267,7 +264,7 @@ pub async fn run(config: Config) -> Option<Outcome> {
     if !violations.is_empty() {
         eprintln!("proxy logs:\n{}", tail(&proxy.logs(), 4000));
     }
-    Some(Outcome { ops, upstream, faults, violations, report })
+    Outcome { ops, upstream, faults, violations, report }
 }
 
 /// Names the resource of every upstream event that does not say it: an
@@ -276,7 +273,7 @@ pub async fn run(config: Config) -> Option<Outcome> {
 fn name_resources(mut events: Vec<UpstreamEvent>, ops: &[Op]) -> Vec<UpstreamEvent> {
     use std::collections::BTreeMap;
 
-    use super::cluster::history::Call;
+    use fencer_testkit::history::Call;
     let mut by_token: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
     let mut by_id: BTreeMap<&str, &str> = BTreeMap::new();
     for op in ops {

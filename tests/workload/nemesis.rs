@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use super::super::cluster::ProcCluster;
 use super::proxy::ProxyProc;
 use super::{Ctx, Rng};
+use fencer_testkit::ProcCluster;
 
 /// The faults the nemesis knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +52,7 @@ impl Fault {
 /// acknowledged without a quorum shows up in the history. Bounded by `hold`
 /// and by a count.
 async fn minority_clients(ctx: &Ctx, addr: &str, hold: Duration) {
-    use super::super::cluster::history::{Answer, Call, Op};
+    use fencer_testkit::history::{Answer, Call, Op};
     let until = ctx.history.now() + hold;
     let client = fencer_client::Client::new([addr]).unwrap().with_call_timeout(Duration::from_secs(1));
     let mut rng = Rng::new(ctx.config.seed ^ until.as_nanos() as u64);
@@ -77,12 +77,7 @@ async fn minority_clients(ctx: &Ctx, addr: &str, hold: Duration) {
                 token: g.token.get(),
                 ttl_ms: g.ttl.as_millis() as u64,
             },
-            Err(e) => match e.client_error() {
-                fencer_client::ClientError::Refused { reason, .. } => {
-                    Answer::Refused { reason: reason.as_str().into() }
-                }
-                other => Answer::Unavailable { reason: other.to_string() },
-            },
+            Err(e) => fencer_testkit::grpc::client_answer(e.client_error()),
         };
         let call = Call::Acquire { resource, request_id, ttl_ms: ctx.config.ttl.as_millis() as u64 };
         ctx.history.record(Op { client: "minority".into(), call, sent, answered: ctx.history.now(), answer });

@@ -8,9 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use fencer_proxy::testing::{Method, TestClient};
-
-use super::super::common::{Proc, fencer_bin, free_port};
+use fencer_testkit::{Proc, ProxyConfigBuilder, fencer_bin, free_addr, wait_http};
 
 /// How the proxy routes writes to resources.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,8 +19,11 @@ pub enum Routes {
     Influx,
 }
 
+/// `fencer proxy`, restartable on its data dir and ports.
 pub struct ProxyProc {
+    /// Where clients write.
     pub listen: SocketAddr,
+    /// Its admin API.
     pub admin: SocketAddr,
     dir: PathBuf,
     config: PathBuf,
@@ -35,25 +36,17 @@ impl ProxyProc {
     /// store raised to floor 1, and waits until it serves.
     pub async fn start(dir: PathBuf, upstream: &str, routes: Routes) -> Self {
         std::fs::create_dir_all(&dir).unwrap();
-        let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let write_route = match routes {
-            Routes::Paths => "[[route]]\nmethods = [\"POST\"]\npath = \"/w/{name}\"\nresource = \"res/{name}\"\n",
-            Routes::Influx => {
-                "[[route]]\nmethods = [\"POST\"]\npath = \"/write\"\nquery = { db = \"{name}\" }\nresource = \"res/{name}\"\n"
-            }
+        let (listen, admin) = (free_addr(), free_addr());
+        let config = ProxyConfigBuilder::new(upstream, dir.join("data"))
+            .listen(listen)
+            .admin(admin)
+            .table("timeouts", "response = \"5s\"\nquarantine = \"1s\"\nshutdown_grace = \"2s\"")
+            .read(&["GET"], "/ping");
+        let config = match routes {
+            Routes::Paths => config.write(&["POST"], "/w/{name}", "res/{name}"),
+            Routes::Influx => config.write_if(&["POST"], "/write", ("db", "{name}"), "res/{name}"),
         };
-        let config = dir.join("proxy.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"{listen}\"\nadmin = \"{admin}\"\nupstream = \"{upstream}\"\ndata_dir = \"{data}\"\n\n\
-                 [timeouts]\nresponse = \"5s\"\nquarantine = \"1s\"\nshutdown_grace = \"2s\"\n\n\
-                 [[route]]\nmethods = [\"GET\"]\npath = \"/ping\"\nkind = \"read\"\n\n{write_route}",
-                data = dir.join("data").display()
-            ),
-        )
-        .unwrap();
+        let config = config.write_to(&dir.join("proxy.toml"));
         let mut p = Self { listen, admin, dir, config, proc: None, starts: 0 };
         p.spawn(true);
         p.wait_live().await;
@@ -68,34 +61,13 @@ impl ProxyProc {
         if floor {
             cmd.args(["--floor", "1"]);
         }
-        let err = std::fs::File::create(&log).unwrap();
-        let child = cmd
-            .env("FENCER_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("start fencer proxy");
-        self.proc = Some(Proc { child, log });
+        self.proc = Some(Proc::spawn("fencer proxy", cmd.env("FENCER_LOG", "warn"), &log));
     }
 
     /// Waits (bounded) until the admin API answers `/livez`.
     pub async fn wait_live(&mut self) {
-        let client = TestClient::new();
-        for _ in 0..300 {
-            if let Ok(r) = client.send(self.admin, Method::GET, "/livez", &[], "").await
-                && r.status.is_success()
-            {
-                return;
-            }
-            if let Some(p) = self.proc.as_mut()
-                && let Ok(Some(status)) = p.child.try_wait()
-            {
-                panic!("fencer proxy exited ({status}); its log:\n{}", p.log_text());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("fencer proxy did not come up; its log:\n{}", self.logs());
+        let proc = self.proc.as_mut().expect("the proxy was started");
+        wait_http(self.admin, "/livez", 200, proc, Duration::from_secs(15)).await;
     }
 
     /// kill -9, by PID.
@@ -113,6 +85,7 @@ impl ProxyProc {
         self.wait_live().await;
     }
 
+    /// The logs of every start.
     pub fn logs(&self) -> String {
         let mut out = String::new();
         for i in 1..=self.starts {

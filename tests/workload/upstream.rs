@@ -1,7 +1,7 @@
 //! The upstreams behind the proxy, each recording the order in which writes
 //! reached it and were applied (I3 is checked against that record):
 //! - [`TestUpstream`] (`fencer_proxy::testing`), in process;
-//! - a real InfluxDB 1.x (`influxd`, started here on loopback) behind an
+//! - a real InfluxDB 1.x (the kit's throwaway `influxd`) behind an
 //!   in-process recording relay that notes each write's arrival and, once
 //!   InfluxDB answered 2xx, its application.
 
@@ -9,9 +9,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use fencer_proxy::testing::{Method, TestClient, TestUpstream, UpstreamEvent as TestEvent};
@@ -20,11 +18,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-use super::super::cluster::invariants::fenced_writes::UpstreamEvent;
-use super::super::common::{Proc, free_port};
-
-/// Where `influxd` is expected (Debian package `influxdb`).
-pub const INFLUXD: &str = "/usr/bin/influxd";
+use fencer_testkit::history::UpstreamEvent;
+use fencer_testkit::influxdb::Influxd;
 
 pub enum Recording {
     Test(TestUpstream),
@@ -73,7 +68,7 @@ pub struct InfluxRecorder {
     /// influxd's own HTTP address (for queries that bypass the proxy).
     pub influx: SocketAddr,
     events: Arc<Mutex<Vec<UpstreamEvent>>>,
-    _influxd: Proc,
+    _influxd: Influxd,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -88,51 +83,14 @@ fn header<'a>(h: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 impl InfluxRecorder {
-    /// Starts `influxd` with a generated config under `dir`, creates the
-    /// databases, and the relay. `None` when `influxd` is not installed.
-    pub async fn start(dir: &Path, databases: &[String]) -> Option<Self> {
-        if !Path::new(INFLUXD).exists() {
-            return None;
-        }
-        let influx: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let rpc = format!("127.0.0.1:{}", free_port());
-        let conf = dir.join("influxdb.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "reporting-disabled = true\nbind-address = \"{rpc}\"\n[meta]\n  dir = \"{d}/meta\"\n[data]\n  dir = \
-                 \"{d}/data\"\n  wal-dir = \"{d}/wal\"\n  query-log-enabled = false\n[monitor]\n  store-enabled = \
-                 false\n[subscriber]\n  enabled = false\n[continuous_queries]\n  enabled = false\n[http]\n  enabled = \
-                 true\n  bind-address = \"{influx}\"\n  auth-enabled = false\n  log-enabled = false\n",
-                d = dir.display()
-            ),
-        )
-        .unwrap();
-        let log = dir.join("influxd.log");
-        let err = std::fs::File::create(&log).unwrap();
-        let child = Command::new(INFLUXD)
-            .arg("-config")
-            .arg(&conf)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("start influxd");
-        let influxd = Proc { child, log };
-        let client = TestClient::new();
-        let mut up = false;
-        for _ in 0..600 {
-            if client.send(influx, Method::GET, "/ping", &[], "").await.is_ok_and(|r| r.status.is_success()) {
-                up = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(up, "influxd did not come up; its log:\n{}", influxd.log_text());
+    /// Starts `influxd` under `dir`, creates the databases, and the relay.
+    /// Check [`fencer_testkit::influxdb::installed`] first.
+    pub async fn start(dir: &Path, databases: &[String]) -> Self {
+        let influxd = Influxd::start(dir).await;
         for db in databases {
-            let r = client.send(influx, Method::POST, &format!("/query?q=CREATE+DATABASE+{db}"), &[], "").await;
-            assert!(r.as_ref().is_ok_and(|r| r.status.is_success()), "CREATE DATABASE {db}: {r:?}");
+            influxd.create_database(db).await;
         }
+        let influx = influxd.http;
 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -152,7 +110,7 @@ impl InfluxRecorder {
                 });
             }
         });
-        Some(Self { addr, influx, events, _influxd: influxd, task })
+        Self { addr, influx, events, _influxd: influxd, task }
     }
 
     /// Every point of measurement `w` in `db`: (writer, token).

@@ -8,22 +8,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencer_client::{Client, ClientError};
+use fencer_client::Client;
 use fencer_proxy::testing::{Method, Status};
+use fencer_testkit::grpc::client_answer;
+use fencer_testkit::history::{Answer, Call, Op};
 
-use super::super::cluster::history::{Answer, Call, Op};
 use super::proxy::Routes;
 use super::{Ctx, Rng};
 
 /// Acquire attempts per request id while the outcome stays unknown.
 const ACQUIRE_ATTEMPTS: usize = 4;
-
-fn client_answer(e: &ClientError) -> Answer {
-    match e {
-        ClientError::Refused { reason, .. } => Answer::Refused { reason: reason.as_str().to_string() },
-        other => Answer::Unavailable { reason: other.to_string() },
-    }
-}
 
 struct Worker {
     ctx: Arc<Ctx>,

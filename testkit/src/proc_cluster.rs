@@ -4,10 +4,8 @@
 //! [`ProcCluster::restart`], [`ProcCluster::pause`] (SIGSTOP) and
 //! [`ProcCluster::resume`] (SIGCONT). Never pkill or killall.
 //!
-//! Include it next to `common`: `#[path = "common/cluster.rs"] mod cluster;`.
 //! It shares the history and the invariant checkers of the in-process
-//! harness (`tests/history/`).
-#![allow(dead_code, unreachable_pub, missing_docs)]
+//! harness ([`crate::history`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,19 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-use super::common::{Proc, signal, spawn};
-
-/// The history and its invariant checkers (`tests/history/`).
-#[path = "../history/mod.rs"]
-pub mod invariants;
-#[path = "relay.rs"]
-pub mod relay;
-pub use self::invariants::history;
-
-use self::relay::{Relay, RelayNet};
+use crate::net::{free_port_on, loopback_ip};
+use crate::process::{Proc, Signal, signal, spawn_fencer};
+use crate::relay::{Relay, RelayNet};
 
 /// Heartbeat of test clusters (`--heartbeat`).
 pub const HEARTBEAT: &str = "50ms";
@@ -38,6 +28,7 @@ pub const ELECTION_MAX: Duration = Duration::from_millis(300);
 
 /// A cluster of `fencer coordinator` processes.
 pub struct ProcCluster {
+    /// Data dirs and logs of every node.
     pub dir: tempfile::TempDir,
     /// Where each node listens (status and readiness are asked here).
     pub addrs: BTreeMap<u64, String>,
@@ -46,15 +37,11 @@ pub struct ProcCluster {
     pub advertised: BTreeMap<u64, String>,
     /// The network fault rules of a relayed cluster.
     pub net: Option<Arc<RelayNet>>,
-    relays: Vec<Relay>,
+    /// Kept so the relays run as long as the cluster (each stops when dropped).
+    _relays: Vec<Relay>,
     procs: BTreeMap<u64, Option<Proc>>,
     args: Vec<String>,
     starts: u32,
-}
-
-/// A free port on `ip` (bound, then released).
-fn free_port_on(ip: &str) -> u16 {
-    std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap().port()
 }
 
 impl ProcCluster {
@@ -67,10 +54,9 @@ impl ProcCluster {
     /// Starts `n` nodes with extra `fencer coordinator` arguments.
     pub async fn start_with(n: u64, args: &[&str]) -> Self {
         // Spread clusters over 127.0.0.0/8 so parallel test binaries rarely meet.
-        let base = 20 + (std::process::id() % 200) as u64;
         let addrs: BTreeMap<u64, String> = (1..=n)
             .map(|id| {
-                let ip = format!("127.0.{}.{}", (base + id) / 250, (base + id) % 250 + 2);
+                let ip = loopback_ip(id);
                 (id, format!("{ip}:{}", free_port_on(&ip)))
             })
             .collect();
@@ -79,7 +65,7 @@ impl ProcCluster {
             advertised: addrs.clone(),
             addrs,
             net: None,
-            relays: Vec::new(),
+            _relays: Vec::new(),
             procs: BTreeMap::new(),
             args: args.iter().map(|s| s.to_string()).collect(),
             starts: 0,
@@ -93,19 +79,18 @@ impl ProcCluster {
     }
 
     /// Like [`start_with`](Self::start_with), with every node behind a
-    /// relay (`tests/common/relay.rs`), so the raft network between the
+    /// [relay](crate::relay), so the raft network between the
     /// processes can be cut: [`isolate`](Self::isolate),
     /// [`drop_one_way`](Self::drop_one_way), [`cut`](Self::cut),
     /// [`delay`](Self::delay), [`heal`](Self::heal), and answers lost after
     /// commit ([`drop_acquire_answers`](Self::drop_acquire_answers)).
     pub async fn start_relayed(n: u64, args: &[&str]) -> Self {
-        let base = 20 + (std::process::id() % 200) as u64;
         let net = Arc::new(RelayNet::default());
         let mut addrs = BTreeMap::new();
         let mut advertised = BTreeMap::new();
         let mut relays = Vec::new();
         for id in 1..=n {
-            let ip = format!("127.0.{}.{}", (base + id) / 250, (base + id) % 250 + 2);
+            let ip = loopback_ip(id);
             let addr = format!("{ip}:{}", free_port_on(&ip));
             let relay = Relay::start(id, &ip, &addr, net.clone()).await;
             advertised.insert(id, relay.addr.to_string());
@@ -117,7 +102,7 @@ impl ProcCluster {
             addrs,
             advertised,
             net: Some(net),
-            relays,
+            _relays: relays,
             procs: BTreeMap::new(),
             args: args.iter().map(|s| s.to_string()).collect(),
             starts: 0,
@@ -170,10 +155,12 @@ impl ProcCluster {
         self.advertised.values().cloned().collect()
     }
 
+    /// Every node id, running or not.
     pub fn ids(&self) -> Vec<u64> {
         self.addrs.keys().copied().collect()
     }
 
+    /// `--peers` of the nodes: `id=advertised address`, comma-separated.
     pub fn peers(&self) -> String {
         self.advertised.iter().map(|(id, a)| format!("{id}={a}")).collect::<Vec<_>>().join(",")
     }
@@ -183,11 +170,13 @@ impl ProcCluster {
         self.addrs.values().cloned().collect::<Vec<_>>().join(",")
     }
 
+    /// Node `n`'s data dir.
     pub fn data_dir(&self, n: u64) -> PathBuf {
         self.dir.path().join(format!("n{n}"))
     }
 
-    pub fn pid(&self, n: u64) -> i32 {
+    /// Node `n`'s PID; panics when it does not run.
+    pub fn pid(&self, n: u64) -> u32 {
         self.procs[&n].as_ref().expect("node runs").pid()
     }
 
@@ -215,7 +204,7 @@ impl ProcCluster {
         let args = self.coordinator_args(n, &self.data_dir(n));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let log = self.dir.path().join(format!("n{n}-{}.log", self.starts));
-        self.procs.insert(n, Some(spawn(&args, &log)));
+        self.procs.insert(n, Some(spawn_fencer(&args, &log)));
     }
 
     /// kill -9, by PID.
@@ -227,14 +216,15 @@ impl ProcCluster {
 
     /// SIGSTOP, by PID: the process keeps its sockets but runs no code.
     pub fn pause(&self, n: u64) {
-        signal(self.pid(n), "STOP");
+        signal(self.pid(n), Signal::STOP);
     }
 
     /// SIGCONT, by PID.
     pub fn resume(&self, n: u64) {
-        signal(self.pid(n), "CONT");
+        signal(self.pid(n), Signal::CONT);
     }
 
+    /// The ids of running nodes.
     pub fn running(&self) -> Vec<u64> {
         self.procs.iter().filter(|(_, p)| p.is_some()).map(|(id, _)| *id).collect()
     }
@@ -253,13 +243,13 @@ impl ProcCluster {
 
     /// `GET /v1/status` of node `n` (JSON), if it answers within 1 s.
     pub async fn status(&self, n: u64) -> Option<Value> {
-        let (code, body) = http_get(&self.addrs[&n], "/v1/status", Duration::from_secs(1)).await?;
+        let (code, body) = crate::http_get(self.addrs[&n].as_str(), "/v1/status", Duration::from_secs(1)).await.ok()?;
         (code == 200).then(|| serde_json::from_str(&body).ok()).flatten()
     }
 
     /// `GET /readyz` status code of node `n`.
     pub async fn readyz(&self, n: u64) -> Option<u16> {
-        http_get(&self.addrs[&n], "/readyz", Duration::from_secs(1)).await.map(|r| r.0)
+        crate::http_get(self.addrs[&n].as_str(), "/readyz", Duration::from_secs(1)).await.ok().map(|r| r.0)
     }
 
     /// The leader among `ids`: the node in the highest term that calls
@@ -322,20 +312,4 @@ impl Drop for ProcCluster {
             self.kill9(id);
         }
     }
-}
-
-/// A minimal HTTP/1.1 GET: (status, body).
-pub async fn http_get(addr: &str, path: &str, timeout: Duration) -> Option<(u16, String)> {
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let code = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
-        Some((code, body))
-    };
-    tokio::time::timeout(timeout, fetch).await.ok().flatten()
 }

@@ -50,18 +50,22 @@ impl NetFaults {
         }
     }
 
+    /// Every message to or from `n` is lost.
     pub fn isolate(&self, n: NodeId) {
         self.rules().isolated.insert(n);
     }
 
+    /// Messages from `from` to `to` are lost.
     pub fn drop_one_way(&self, from: NodeId, to: NodeId) {
         self.rules().dropped.insert((from, to));
     }
 
+    /// Messages from `from` to `to` arrive `d` late.
     pub fn delay(&self, from: NodeId, to: NodeId, d: Duration) {
         self.rules().delayed.insert((from, to), d);
     }
 
+    /// Every rule removed.
     pub fn heal(&self) {
         *self.rules() = NetRules::default();
     }
@@ -86,6 +90,7 @@ pub struct ClientFaults {
 }
 
 impl ClientFaults {
+    /// The next response of node `n` is lost after the node answered.
     pub fn drop_response_after_commit(&self, n: NodeId) {
         self.lose_next_response.lock().unwrap_or_else(|p| p.into_inner()).insert(n);
     }
@@ -94,6 +99,7 @@ impl ClientFaults {
         self.lose_next_response.lock().unwrap_or_else(|p| p.into_inner()).remove(&n)
     }
 
+    /// No response is lost.
     pub fn heal(&self) {
         self.lose_next_response.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
@@ -101,7 +107,10 @@ impl ClientFaults {
 
 /// The error a lost response turns into: the client sees a broken call.
 #[derive(Debug)]
-pub struct ResponseLost(pub NodeId);
+pub struct ResponseLost(
+    /// The node whose response was lost.
+    pub NodeId,
+);
 
 impl std::fmt::Display for ResponseLost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -117,8 +126,11 @@ type Body = tonic::body::Body;
 /// A gRPC channel to one node, with [`ClientFaults`] applied.
 #[derive(Clone)]
 pub struct FaultyChannel {
+    /// The node it talks to.
     pub node: NodeId,
+    /// The real channel.
     pub inner: Channel,
+    /// The faults it applies.
     pub faults: Arc<ClientFaults>,
 }
 

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::fenced_writes::UpstreamEvent;
-use super::history::{Answer, Call, Op};
+use super::record::{Answer, Call, Op};
 
 /// Violations of one invariant shown in full; the rest are counted.
 const SHOWN_PER_INVARIANT: usize = 5;
@@ -28,10 +28,12 @@ pub struct Violation {
 }
 
 impl Violation {
+    /// A violation of `invariant`, described by `message`.
     pub fn new(invariant: &'static str, message: String) -> Self {
         Self { invariant, message, ops: Vec::new(), upstream: Vec::new() }
     }
 
+    /// The operations (indexes into the history) that show it.
     pub fn with_ops(mut self, ops: impl IntoIterator<Item = usize>) -> Self {
         self.ops.extend(ops);
         self.ops.sort_unstable();
@@ -39,6 +41,7 @@ impl Violation {
         self
     }
 
+    /// The upstream events (indexes into its record) that show it.
     pub fn with_upstream(mut self, events: impl IntoIterator<Item = usize>) -> Self {
         self.upstream.extend(events);
         self.upstream.sort_unstable();

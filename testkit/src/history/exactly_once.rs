@@ -4,11 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use super::history::{Answer, Call, Op};
+use super::record::{Answer, Call, Op};
 use super::report::Violation;
 
+/// The invariant, as reports name it.
 pub const NAME: &str = "I7 exactly-once acquire";
 
+/// Every violation of I7 in `ops` (see the module docs).
 pub fn check(ops: &[Op]) -> Vec<Violation> {
     let mut seen: BTreeMap<&str, (usize, &str, &str, u64)> = BTreeMap::new();
     let mut out = Vec::new();

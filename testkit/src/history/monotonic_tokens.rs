@@ -8,11 +8,13 @@
 use std::collections::BTreeMap;
 
 use super::grants::Lease;
-use super::history::{Answer, Call, Op};
+use super::record::{Answer, Call, Op};
 use super::report::Violation;
 
+/// The invariant, as reports name it.
 pub const NAME: &str = "I2 monotonic tokens";
 
+/// Every violation of I2 in `ops` (see the module docs).
 pub fn check(ops: &[Op], leases: &[Lease]) -> Vec<Violation> {
     let mut out = Vec::new();
     let mut by_token: BTreeMap<u64, &Lease> = BTreeMap::new();

@@ -14,16 +14,13 @@
 //! Clients reach every node whatever the raft network does: a minority side
 //! is reachable, which is what the quorum tests need. Fast timings: heartbeat
 //! 50 ms, election timeout 150–300 ms, so the shortest ttl is 500 ms.
-#![allow(dead_code, unreachable_pub, missing_docs)]
+//!
+//! Operations made through [`Cluster::acquire`], [`Cluster::renew`] and
+//! [`Cluster::release`] (and their `_any` forms that follow the leader) are
+//! recorded in a [`History`] for the invariant checkers.
 
 pub mod faults;
-/// The history and its invariant checkers: one copy for every harness, in
-/// the root package's `tests/history/`.
-#[path = "../../../tests/history/mod.rs"]
-pub mod invariants;
 pub mod replicas;
-
-pub use self::invariants::history;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -41,52 +38,15 @@ use tonic::transport::Endpoint;
 use tonic_types::StatusExt;
 
 use self::faults::{ClientFaults, FaultyChannel, NetFaults};
-use self::history::{Answer, Call, History, Op};
+use crate::grpc::answer_of;
+use crate::history::{Answer, Call, History, Op};
+use crate::{eventually, free_addr};
 
-/// Heartbeat of harness nodes.
-pub const HEARTBEAT: Duration = Duration::from_millis(50);
-/// Election timeout range of harness nodes.
-pub const ELECTION: (Duration, Duration) = (Duration::from_millis(150), Duration::from_millis(300));
+pub use crate::node::{ELECTION, HEARTBEAT};
 /// The longest election timeout: also the quorum lease.
 pub const ELECTION_MAX: Duration = ELECTION.1;
 
-/// A free loopback port (bound, then released; the race is acceptable in tests).
-pub fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
-/// Polls `f` every 20 ms until it returns `Some`, at most `timeout`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The ErrorInfo reason of a status ("" when it has none).
-pub fn reason(status: &tonic::Status) -> String {
-    status.get_error_details().error_info().map(|i| i.reason.clone()).unwrap_or_default()
-}
-
-/// A status as a history answer: UNAVAILABLE (and transport failures) is
-/// "outcome unknown"; anything else is a known refusal.
-pub fn answer_of(status: &tonic::Status) -> Answer {
-    match status.code() {
-        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
-            Answer::Unavailable { reason: format!("{} {}", reason(status), status.message()) }
-        }
-        _ => Answer::Refused { reason: reason(status) },
-    }
-}
-
+/// A lock client of one node, through the client faults.
 pub type Client = LockClient<FaultyChannel>;
 
 /// One cluster at a time per test binary: the fast timings (150 ms election
@@ -103,7 +63,9 @@ pub struct Cluster {
     root: PathBuf,
     configs: Mutex<BTreeMap<NodeId, NodeConfig>>,
     nodes: Mutex<BTreeMap<NodeId, Option<Arc<Node>>>>,
+    /// The raft network's faults.
     pub net: Arc<NetFaults>,
+    /// The client channels' faults.
     pub client_faults: Arc<ClientFaults>,
 }
 
@@ -217,6 +179,7 @@ impl Cluster {
         locked(&self.nodes).get(&n).cloned().flatten()
     }
 
+    /// Node `n`'s address.
     pub fn addr(&self, n: NodeId) -> String {
         locked(&self.configs)[&n].listen.to_string()
     }
@@ -233,27 +196,33 @@ impl Cluster {
 
     // ---- faults -------------------------------------------------------
 
+    /// Every raft message to or from `n` is lost.
     pub fn isolate(&self, n: NodeId) {
         self.net.isolate(n);
     }
 
+    /// Raft messages between `a` and `b` are lost, both ways.
     pub fn cut(&self, a: NodeId, b: NodeId) {
         self.net.drop_one_way(a, b);
         self.net.drop_one_way(b, a);
     }
 
+    /// Raft messages from `from` to `to` are lost.
     pub fn drop_one_way(&self, from: NodeId, to: NodeId) {
         self.net.drop_one_way(from, to);
     }
 
+    /// Raft messages from `from` to `to` arrive `d` late.
     pub fn delay(&self, from: NodeId, to: NodeId, d: Duration) {
         self.net.delay(from, to, d);
     }
 
+    /// The next client response from `n` is lost after `n` answered.
     pub fn drop_response_after_commit(&self, n: NodeId) {
         self.client_faults.drop_response_after_commit(n);
     }
 
+    /// Every network and client fault removed.
     pub fn heal(&self) {
         self.net.heal();
         self.client_faults.heal();
@@ -304,6 +273,7 @@ impl Cluster {
         self.leader_among(&self.running(), timeout).await
     }
 
+    /// The leader among `ids` (see [`leader`](Self::leader)).
     pub async fn leader_among(&self, ids: &[NodeId], timeout: Duration) -> NodeId {
         eventually("a leader", timeout, || async { self.current_leader(ids) }).await
     }
@@ -333,6 +303,7 @@ impl Cluster {
         LockClient::new(self.channel(n))
     }
 
+    /// An admin client of node `n`, with the client faults applied.
     pub fn admin(&self, n: NodeId) -> AdminClient<FaultyChannel> {
         AdminClient::new(self.channel(n))
     }
@@ -419,20 +390,7 @@ impl Cluster {
 
     /// `GET path` on node `n`'s HTTP side: (status, body).
     pub async fn http_get(&self, n: NodeId, path: &str) -> Option<(u16, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let addr = self.addr(n);
-        let fetch = async {
-            let mut s = tokio::net::TcpStream::connect(&addr).await.ok()?;
-            let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-            s.write_all(req.as_bytes()).await.ok()?;
-            let mut buf = Vec::new();
-            s.read_to_end(&mut buf).await.ok()?;
-            let text = String::from_utf8_lossy(&buf).into_owned();
-            let code = text.split_whitespace().nth(1)?.parse().ok()?;
-            let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
-            Some((code, body))
-        };
-        tokio::time::timeout(Duration::from_secs(5), fetch).await.ok().flatten()
+        crate::http_get(self.addr(n).as_str(), path, Duration::from_secs(5)).await.ok()
     }
 
     /// Acquire wherever the leader is: on UNAVAILABLE retry the same request

@@ -1,8 +1,9 @@
-//! A fault layer between a client and a coordinator: a gRPC server on
-//! loopback that implements `fencer.v1.Lock` by forwarding every call to the
-//! real node, and on demand loses answers, cuts calls or delays them. It
-//! records every call it saw (method, request id, arrival time) and every
-//! answer it threw away.
+//! The lost-answer layer between a client and one coordinator: a gRPC
+//! server on loopback that implements `fencer.v1.Lock` by forwarding every
+//! call to the real node, and on demand loses answers (after the node
+//! answered: the write committed, the client never hears), cuts calls or
+//! delays them. It records every call it saw (method, request id, arrival
+//! time) and every answer it threw away.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -22,12 +23,15 @@ use tonic_types::{ErrorDetails, StatusExt};
 /// One call that reached the fault layer.
 #[derive(Debug, Clone)]
 pub struct Seen {
+    /// `acquire`, `renew` or `release`.
     pub method: &'static str,
+    /// The resource it named.
     pub resource: String,
     /// Acquire: its request id.
     pub request_id: String,
     /// Acquire: its wait.
     pub wait_ms: u64,
+    /// When it arrived.
     pub at: Instant,
 }
 
@@ -47,6 +51,7 @@ pub struct Faults {
     /// Forward the next this many Acquire calls, wait for the real answer,
     /// record it in `dropped`, and answer the client with `loss`.
     pub drop_acquire_answers: usize,
+    /// How those answers are lost (`None`: they are not).
     pub loss: Option<Loss>,
     /// Answers thrown away.
     pub dropped: Vec<Result<AcquireResponse, Status>>,
@@ -54,7 +59,9 @@ pub struct Faults {
     /// UNAVAILABLE; the forwarded call goes on upstream (`cancel_upstream`:
     /// it is dropped too, as when the server sees the connection close).
     pub cut_acquires: usize,
+    /// How long after arrival a cut call is cut.
     pub cut_after: Duration,
+    /// Whether a cut call is also dropped upstream.
     pub cancel_upstream: bool,
     /// Hold every Renew and Acquire answer this long before passing it on.
     pub delay_answers: Duration,
@@ -69,6 +76,7 @@ struct Shared {
 
 /// The running fault layer; stops when dropped.
 pub struct FaultProxy {
+    /// Where clients connect.
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     faults: Arc<Mutex<Faults>>,
@@ -92,7 +100,7 @@ impl FaultProxy {
                     let _ = stopped.await;
                 })
                 .await
-                .unwrap();
+                .expect("the fault layer serves until it is dropped");
         });
         Self { addr, seen, faults, _stop: stop }
     }
@@ -102,6 +110,7 @@ impl FaultProxy {
         fencer_client::Client::new([self.addr.to_string()]).unwrap()
     }
 
+    /// The faults to apply, to change them.
     pub fn faults(&self) -> std::sync::MutexGuard<'_, Faults> {
         self.faults.lock().unwrap()
     }

@@ -8,11 +8,13 @@
 use std::collections::BTreeMap;
 
 use super::grants::Lease;
-use super::history::{Answer, Call, Op};
+use super::record::{Answer, Call, Op};
 use super::report::Violation;
 
+/// The invariant, as reports name it.
 pub const NAME: &str = "I4 owner-only";
 
+/// Every violation of I4 in `ops` (see the module docs).
 pub fn check(ops: &[Op], leases: &[Lease]) -> Vec<Violation> {
     let lease_of: BTreeMap<&str, &Lease> = leases.iter().map(|l| (l.lease_id.as_str(), l)).collect();
     let mut by_resource: BTreeMap<&str, Vec<&Lease>> = BTreeMap::new();

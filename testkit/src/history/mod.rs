@@ -1,5 +1,5 @@
 //! History checking (DESIGN §1, §8): a record of every client operation
-//! ([`history`]) and one checker per invariant, each in its own file:
+//! ([`History`]) and one checker per invariant, each in its own file:
 //!
 //! | module | invariant |
 //! |---|---|
@@ -14,24 +14,22 @@
 //! slice of history that shows each one.
 //!
 //! Plain data and std only (plus tokio's clock), so every harness shares this
-//! one copy, included with `#[path]`: the in-process cluster harness
-//! (`coordinator/tests/harness`), the process-level tests and the workload
-//! runner (through `tests/common/cluster.rs`), and the checkers' own tests
-//! (`tests/t62_checkers.rs`).
-#![allow(dead_code, unreachable_pub, missing_docs)]
+//! one copy: the in-process cluster harness ([`crate::cluster`]), the
+//! process-level tests and the workload runner (through the
+//! [relays](crate::relay)), and the checkers' own tests (`t62_checkers`).
 
 pub mod exactly_once;
 pub mod fenced_writes;
 pub mod grants;
-pub mod history;
 pub mod monotonic_tokens;
 pub mod owner_only;
+mod record;
 pub mod report;
 pub mod single_holder;
 
-use self::fenced_writes::UpstreamEvent;
-use self::history::Op;
-use self::report::Violation;
+pub use self::fenced_writes::UpstreamEvent;
+pub use self::record::{Answer, Call, History, Op};
+pub use self::report::Violation;
 
 /// Runs every checker over the operations and, when given, the upstream's
 /// record of writes.

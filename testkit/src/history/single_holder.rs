@@ -10,11 +10,13 @@
 use std::collections::BTreeMap;
 
 use super::grants::Lease;
-use super::history::{Call, Op};
+use super::record::{Call, Op};
 use super::report::Violation;
 
+/// The invariant, as reports name it.
 pub const NAME: &str = "I1 single holder";
 
+/// Every violation of I1 in `ops` (see the module docs).
 pub fn check(ops: &[Op], leases: &[Lease]) -> Vec<Violation> {
     let mut by_resource: BTreeMap<&str, Vec<&Lease>> = BTreeMap::new();
     for l in leases {

@@ -9,21 +9,35 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::history::{Answer, Call, Op};
+use super::record::{Answer, Call, Op};
 use super::report::Violation;
 
+/// The invariant, as reports name it.
 pub const NAME: &str = "I3 fenced writes";
 
 /// What the upstream recorded, in its order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UpstreamEvent {
     /// A write carrying `token` reached the upstream.
-    Arrived { token: u64, resource: Option<String> },
+    Arrived {
+        /// Its token.
+        token: u64,
+        /// Its resource, when the upstream can tell.
+        resource: Option<String>,
+    },
     /// The upstream applied a write carrying `token`; `write_id` from its body.
-    Applied { token: u64, resource: Option<String>, write_id: Option<String> },
+    Applied {
+        /// Its token.
+        token: u64,
+        /// Its resource, when the upstream can tell.
+        resource: Option<String>,
+        /// The write's id, when the upstream can tell.
+        write_id: Option<String>,
+    },
 }
 
 impl UpstreamEvent {
+    /// The token of the write.
     pub fn token(&self) -> u64 {
         match self {
             UpstreamEvent::Arrived { token, .. } | UpstreamEvent::Applied { token, .. } => *token,
@@ -37,6 +51,7 @@ impl UpstreamEvent {
     }
 }
 
+/// Every violation of I3 in `ops` and the upstream's record (see the module docs).
 pub fn check(ops: &[Op], upstream: &[UpstreamEvent]) -> Vec<Violation> {
     let mut out = Vec::new();
     // Which resources a token was written to, and the writes of each token.

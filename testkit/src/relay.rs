@@ -21,6 +21,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::grpc::answer_of;
+use crate::history::{Answer, Call, History, Op};
 use fencer_proto::raft::raft_client::RaftClient;
 use fencer_proto::raft::raft_server::{Raft, RaftServer};
 use fencer_proto::raft::{HelloRequest, HelloResponse, RaftPayload, SnapshotChunk};
@@ -38,9 +40,6 @@ use fencer_proto::v1::{
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
-use tonic_types::StatusExt;
-
-use super::history::{Answer, Call, History, Op};
 
 /// Largest raft message (the coordinator's own limit).
 const MAX_MESSAGE: usize = 64 << 20;
@@ -133,6 +132,7 @@ impl RelayNet {
 
 /// The relay of one node; stops when dropped.
 pub struct Relay {
+    /// Where the relay listens: what the nodes and clients are told.
     pub addr: SocketAddr,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -215,7 +215,7 @@ impl Forward {
         Ok(reply)
     }
 
-    fn record(&self, call: Call, sent: std::time::Duration, answer: Answer) {
+    fn record(&self, call: Call, sent: Duration, answer: Answer) {
         if let Some(h) = self.net.history() {
             h.record(Op { client: format!("relay->n{}", self.node), call, sent, answered: h.now(), answer });
         }
@@ -223,20 +223,6 @@ impl Forward {
 
     fn now(&self) -> Duration {
         self.net.history().map_or(Duration::ZERO, |h| h.now())
-    }
-}
-
-/// A status as a history answer: UNAVAILABLE and transport failures leave
-/// the outcome unknown; anything else is a known refusal.
-pub fn answer_of(status: &Status) -> Answer {
-    let reason = status.get_error_details().error_info().map(|i| i.reason.clone()).unwrap_or_default();
-    match status.code() {
-        tonic::Code::Unavailable
-        | tonic::Code::Unknown
-        | tonic::Code::Cancelled
-        | tonic::Code::DeadlineExceeded
-        | tonic::Code::Internal => Answer::Unavailable { reason: format!("{reason} {}", status.message()) },
-        _ => Answer::Refused { reason },
     }
 }
 

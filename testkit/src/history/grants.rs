@@ -4,15 +4,20 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::history::{Answer, Call, Op};
+use super::record::{Answer, Call, Op};
 
 /// One lease, from every operation that mentions it.
 #[derive(Debug, Clone)]
 pub struct Lease {
+    /// The resource it holds.
     pub resource: String,
+    /// The request id of the acquire that created it.
     pub request_id: String,
+    /// Its lease id.
     pub lease_id: String,
+    /// Its fencing token.
     pub token: u64,
+    /// Its ttl, as granted.
     pub ttl: Duration,
     /// Earliest send of any acquire with this request id: the grant
     /// committed after it.

@@ -2,8 +2,7 @@
 //! when (on one monotonic clock, since the history began), and the answer.
 //! Lock calls (acquire, renew, release) and writes through the proxy share
 //! one history, so a checker can relate a write's token to its lease.
-//! Plain data and std only: the in-process harness, the process-level tests
-//! and the workload runner all include this file.
+//! Plain data and std only.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -11,25 +10,38 @@ use std::time::Duration;
 /// What a client asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
+    /// Take `resource` for `ttl_ms`, idempotent by `request_id`.
     Acquire {
+        /// The resource.
         resource: String,
+        /// The request id (a retry sends the same one).
         request_id: String,
+        /// The ttl asked for.
         ttl_ms: u64,
     },
+    /// Extend lease `lease_id` of `resource`.
     Renew {
+        /// The resource.
         resource: String,
+        /// The lease.
         lease_id: String,
     },
+    /// Give lease `lease_id` of `resource` up.
     Release {
+        /// The resource.
         resource: String,
+        /// The lease.
         lease_id: String,
     },
     /// A write through the proxy to `resource`, carrying `token`. `write_id`
     /// is unique per write and travels in the body, so the upstream's record
     /// names it.
     Write {
+        /// The resource the write's route names.
         resource: String,
+        /// The fencing token it carried.
         token: u64,
+        /// Its unique id.
         write_id: String,
     },
 }
@@ -60,22 +72,44 @@ impl Call {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
     /// Acquire succeeded.
-    Granted { lease_id: String, token: u64, ttl_ms: u64 },
+    Granted {
+        /// The new lease.
+        lease_id: String,
+        /// Its fencing token.
+        token: u64,
+        /// Its ttl.
+        ttl_ms: u64,
+    },
     /// Renew succeeded; the lease's token.
-    Renewed { token: u64 },
+    Renewed {
+        /// The token the renewal reported.
+        token: u64,
+    },
     /// Release succeeded and the lease was the current one (`was_holder`).
     Released,
     /// Release succeeded as the retry of a release that had already ended
     /// the lease (`was_holder` false): nothing changed.
     AlreadyReleased,
     /// The server refused; the outcome is known (LOCK_HELD, NOT_HOLDER, …).
-    Refused { reason: String },
+    Refused {
+        /// The refusal's reason.
+        reason: String,
+    },
     /// No answer, or UNAVAILABLE: the outcome is unknown.
-    Unavailable { reason: String },
+    Unavailable {
+        /// What was seen instead of an answer.
+        reason: String,
+    },
     /// The proxy forwarded the write and the upstream answered 2xx.
-    Written { status: u16 },
+    Written {
+        /// The upstream's status code.
+        status: u16,
+    },
     /// The proxy refused the write as stale (409): its epoch then.
-    Fenced { epoch: u64 },
+    Fenced {
+        /// The resource's epoch the proxy reported.
+        epoch: u64,
+    },
 }
 
 impl Answer {
@@ -99,11 +133,13 @@ impl Answer {
 pub struct Op {
     /// Who sent it (free text: client name, node it went to).
     pub client: String,
+    /// What it asked.
     pub call: Call,
     /// When the request was sent, since the history began.
     pub sent: Duration,
     /// When the answer arrived.
     pub answered: Duration,
+    /// What it was told.
     pub answer: Answer,
 }
 
@@ -120,6 +156,7 @@ impl Default for History {
 }
 
 impl History {
+    /// An empty history; its clock starts now.
     pub fn new() -> Self {
         Self { start: tokio::time::Instant::now(), ops: Mutex::new(Vec::new()) }
     }
@@ -129,6 +166,7 @@ impl History {
         self.start.elapsed()
     }
 
+    /// Adds one operation (at its answer).
     pub fn record(&self, op: Op) {
         self.ops.lock().unwrap_or_else(|p| p.into_inner()).push(op);
     }
