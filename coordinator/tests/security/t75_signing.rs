@@ -57,7 +57,7 @@ async fn acquire(c: &Cluster, n: u64, resource: &str, request_id: &str) -> Acqui
 /// key set only for its own resource, and a retry of the same request id
 /// gets a token for the same grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t70_grants_carry_a_token_signed_with_a_registered_key() {
+async fn t75_grants_carry_a_token_signed_with_a_registered_key() {
     let c = Cluster::start(1).await;
     let g = acquire(&c, 1, "db/x", "t70-request-1").await;
     let token = signed(&g);
@@ -83,7 +83,7 @@ async fn t70_grants_carry_a_token_signed_with_a_registered_key() {
 /// killed, the new leader's tokens verify with the key set exported before
 /// the failover, and so does its answer to a retry of an old request id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t71_tokens_of_a_new_leader_after_failover_verify_with_the_keys_exported_before() {
+async fn t76_tokens_of_a_new_leader_after_failover_verify_with_the_keys_exported_before() {
     let c = Cluster::start(3).await;
     let old = c.leader(TIMEOUT).await;
     let (set, _) = eventually("every member registered its key", TIMEOUT, || async {
@@ -136,7 +136,7 @@ async fn t71_tokens_of_a_new_leader_after_failover_verify_with_the_keys_exported
 /// proxy; retiring a node's last key, an unknown key, or rotating on the
 /// wrong node is refused with a clear reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t72_rotation_and_retirement() {
+async fn t77_rotation_and_retirement() {
     let c = Cluster::start(1).await;
     let first = acquire(&c, 1, "db/r", "t72-request-1").await;
     let old_kid = signed(&first).unverified_claims().key_id().to_string();

@@ -7,13 +7,11 @@
 //! `_bucket`, `_sum` and `_count` must be right), as is every `label="value"`
 //! matcher of a selector.
 
-mod obs_support;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use crate::stack::Stack;
 use fencer_testkit::metrics::Exposition;
-use obs_support::Stack;
 
 const RULES: &str = "deploy/prometheus/fencer-alerts.yml";
 const DASHBOARD: &str = "deploy/grafana/fencer-dashboard.json";

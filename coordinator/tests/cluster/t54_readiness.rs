@@ -20,7 +20,7 @@ async fn gauge(c: &Cluster, n: u64, name: &str) -> Option<f64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t61_readiness_flips_when_quorum_is_lost_and_comes_back() {
+async fn t54_readiness_flips_when_quorum_is_lost_and_comes_back() {
     let c = Cluster::start(3).await;
     let leader = c.leader(Duration::from_secs(10)).await;
     let followers: Vec<u64> = c.ids().into_iter().filter(|n| *n != leader).collect();

@@ -4,16 +4,14 @@
 //! with a stale token, one without a token. Every assertion is on the
 //! difference between two scrapes, so nothing depends on timing.
 
-mod obs_support;
-
 use std::time::Duration;
 
+use crate::stack::{PROXY_RESOURCE, Stack};
 use fencer_proto::v1::lock_client::LockClient;
 use fencer_proto::v1::{AcquireRequest, GetLockRequest, RenewRequest};
 use fencer_proxy::testing::Method;
 use fencer_testkit::eventually;
 use fencer_testkit::metrics::Exposition;
-use obs_support::Stack;
 
 fn acquire_req(resource: &str, request_id: &str, ttl_ms: u64) -> AcquireRequest {
     AcquireRequest {
@@ -38,11 +36,11 @@ async fn t70_metrics_move_through_acquire_conflict_expiry_and_a_proxy_rejection(
 
     // The coordinator: an acquire, a conflict, an invalid name, a refused
     // renewal, and a lease that nobody renews.
-    let g = c.acquire(acquire_req(obs_support::PROXY_RESOURCE, "t70-holder-1", 30_000)).await.unwrap().into_inner();
-    let conflict = c.acquire(acquire_req(obs_support::PROXY_RESOURCE, "t70-other-01", 30_000)).await.unwrap_err();
+    let g = c.acquire(acquire_req(PROXY_RESOURCE, "t70-holder-1", 30_000)).await.unwrap().into_inner();
+    let conflict = c.acquire(acquire_req(PROXY_RESOURCE, "t70-other-01", 30_000)).await.unwrap_err();
     assert_eq!(conflict.code(), tonic::Code::Aborted);
     assert!(c.acquire(acquire_req("/not/a/name", "t70-invalid1", 30_000)).await.is_err());
-    let bogus = RenewRequest { resource: obs_support::PROXY_RESOURCE.into(), lease_id: "0".repeat(32) };
+    let bogus = RenewRequest { resource: PROXY_RESOURCE.into(), lease_id: "0".repeat(32) };
     assert_eq!(c.renew(bogus).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
     c.acquire(acquire_req("t70/expiring", "t70-expire-1", 500)).await.unwrap();
     eventually("the unrenewed lease expires", Duration::from_secs(5), || {

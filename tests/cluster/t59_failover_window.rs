@@ -7,7 +7,7 @@
 //! node directly every 10 ms (when the cluster itself can grant again).
 //!
 //! ```text
-//! cargo test --release --test t59_failover_window -- --ignored --nocapture
+//! cargo test --release --test cluster t59_ -- --ignored --nocapture
 //! ```
 
 use std::time::Duration;
@@ -53,6 +53,7 @@ async fn probing(addrs: Vec<String>, run: usize, killed: Instant) -> Duration {
 }
 
 async fn windows(args: &[&str], runs: usize) -> (Vec<Duration>, Vec<Duration>) {
+    let _turn = crate::one_cluster_at_a_time().await;
     let mut c = ProcCluster::start_with(3, args).await;
     let client = Client::new(c.addrs.values().cloned()).unwrap().with_call_timeout(Duration::from_secs(1));
     let (mut lib, mut probe) = (Vec::new(), Vec::new());

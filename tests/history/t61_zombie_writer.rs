@@ -18,18 +18,16 @@
 //! Run against the in-process recording test upstream always, and against a
 //! real InfluxDB 1.x when `influxd` is installed (loud SKIPPED otherwise).
 
-mod workload;
-
 use std::io::{BufRead, BufReader, Write};
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
+use crate::workload::proxy::{ProxyProc, Routes};
+use crate::workload::upstream::InfluxRecorder;
 use fencer_proxy::testing::{Method, TestClient, TestUpstream};
 use fencer_testkit::{Proc, ProcCluster, Signal, run, signal};
 use serde_json::{Value, json};
-use workload::proxy::{ProxyProc, Routes};
-use workload::upstream::InfluxRecorder;
 
 /// Lease ttl of both clients.
 const TTL: Duration = Duration::from_millis(1500);
@@ -60,7 +58,14 @@ impl ClientProc {
         body: &str,
     ) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "zombie_client_process", "--ignored", "--nocapture", "--test-threads", "1"])
+            .args([
+                "--exact",
+                "t61_zombie_writer::zombie_client_process",
+                "--ignored",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
             .env("FENCER_ZOMBIE_CHILD", name)
             .env("FENCER_ZOMBIE_ENDPOINTS", endpoints)
             .env("FENCER_ZOMBIE_RESOURCE", resource)

@@ -13,10 +13,8 @@
 //! - `t60_long_fault_run_keeps_every_invariant` (ignored): every fault, then
 //!   random ones for `FENCER_HISTORY_SECS` (default 300).
 
-mod workload;
-
-use workload::nemesis::Fault;
-use workload::{Config, Outcome};
+use crate::workload::nemesis::Fault;
+use crate::workload::{self, Config, Outcome};
 
 /// The run did real work: without it a clean result proves nothing.
 fn assert_meaningful(o: &Outcome, config: &Config) {
@@ -76,7 +74,7 @@ async fn t60_influxdb_fault_run_keeps_every_invariant() {
     assert_meaningful(&o, &config);
 }
 
-/// The long configuration: `cargo test --test t60_history -- --ignored`.
+/// The long configuration: `cargo test --test history t60_long -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: every fault, then random faults for FENCER_HISTORY_SECS (default 300)"]
 async fn t60_long_fault_run_keeps_every_invariant() {

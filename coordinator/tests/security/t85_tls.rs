@@ -70,7 +70,7 @@ fn acquire(resource: &str, request_id: &str) -> AcquireRequest {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t70_tls_cluster_replicates_and_refuses_plaintext() {
+async fn t85_tls_cluster_replicates_and_refuses_plaintext() {
     let pki = pki();
     let tls = node_tls(&pki, &pki.node);
     let cluster = Cluster::start_with(3, |c| c.tls = Some(tls.clone())).await;
@@ -115,7 +115,7 @@ async fn t70_tls_cluster_replicates_and_refuses_plaintext() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t71_raft_traffic_needs_a_peer_certificate() {
+async fn t86_raft_traffic_needs_a_peer_certificate() {
     let pki = pki();
     let tls = node_tls(&pki, &pki.node);
     let cluster = Cluster::start_with(1, |c| c.tls = Some(tls.clone())).await;

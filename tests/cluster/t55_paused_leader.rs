@@ -115,6 +115,7 @@ fn granted(a: &Answer) -> (String, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t55_a_leader_paused_past_the_election_timeout_returns_as_follower_without_a_second_holder() {
+    let _turn = crate::one_cluster_at_a_time().await;
     let c = ProcCluster::start(3).await;
     let h = Arc::new(History::new());
     let old = c.settled(Duration::from_secs(20)).await;

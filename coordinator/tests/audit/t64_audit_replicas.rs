@@ -35,7 +35,7 @@ fn comparable(r: &AuditRecord) -> AuditRecord {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t62_replicas_audit_the_same_lines_and_a_snapshot_install_is_marked() {
+async fn t64_replicas_audit_the_same_lines_and_a_snapshot_install_is_marked() {
     let c = Cluster::start_with(3, |cfg| cfg.snapshot_every = 100).await;
     let h = History::new();
     let leader = c.leader(TIMEOUT).await;

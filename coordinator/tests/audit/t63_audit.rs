@@ -49,7 +49,7 @@ fn shape(r: &AuditRecord) -> (AuditOp, AuditOutcome, Option<&str>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t60_one_line_per_change_with_its_token_and_index_exactly_once_across_replay() {
+async fn t63_one_line_per_change_with_its_token_and_index_exactly_once_across_replay() {
     let dir = tempfile::tempdir().unwrap();
     let node = start(dir.path()).await;
     let audit_dir = node.audit_dir().expect("audit is on by default").to_path_buf();
@@ -184,7 +184,7 @@ async fn t60_one_line_per_change_with_its_token_and_index_exactly_once_across_re
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t60_an_audit_dir_with_another_logs_lines_is_refused_for_a_new_data_dir() {
+async fn t63_an_audit_dir_with_another_logs_lines_is_refused_for_a_new_data_dir() {
     let dir = tempfile::tempdir().unwrap();
     let audit = dir.path().join("shared-audit");
     let config = |data: &str| {

@@ -31,6 +31,7 @@ async fn status_until(endpoints: &str, what: &str, ok: impl Fn(&Value) -> bool) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
+    let _turn = crate::one_cluster_at_a_time().await;
     let mut c = ProcCluster::start(3).await;
     let leader = c.settled(Duration::from_secs(20)).await;
     let eps = c.endpoints();
