@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use fencer_proxy::testing::{Method, Status, TestClient, TestUpstream};
 use fencer_proxy::{AdminClient, ClearIndeterminateRequest, ProxyHandle, RaiseEpochRequest, RejectReason};
-use fencer_testkit::ProxyConfigBuilder;
+use fencer_testkit::{ProxyConfigBuilder, eventually};
 
 /// Generous bound for anything that should happen "soon" on a noisy machine.
 const SOON: Duration = Duration::from_secs(20);
@@ -429,8 +429,17 @@ async fn t60_graceful_shutdown_lets_in_flight_requests_finish() {
     let a = tokio::spawn(async move { client.write(addr, "/write", 3).await });
     assert!(h.upstream.wait_arrived(3, SOON).await);
     let proxy = h.proxy.take().unwrap();
-    let stopping = tokio::spawn(proxy.shutdown());
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut stopping = tokio::spawn(proxy.shutdown());
+    // Shutdown has begun once the proxy accepts no new connection (it
+    // closes its listener first): only then may the request go on.
+    eventually("the proxy stopped accepting connections", SOON, || async move {
+        tokio::net::TcpStream::connect(addr).await.is_err().then_some(())
+    })
+    .await;
+    // A bounded look for something that must not happen: shutdown does not
+    // return while the request is held (a pass cannot be a timing accident).
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut stopping).await;
+    assert!(early.is_err(), "shutdown returned with a request in flight");
     h.upstream.release(3);
     let resp = a.await.unwrap().expect("the in-flight request got its answer");
     assert_eq!(resp.status, Status::OK);

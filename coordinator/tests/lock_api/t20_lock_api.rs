@@ -4,10 +4,29 @@
 
 use std::time::Duration;
 
+use fencer_proto::v1::lock_client::LockClient;
 use fencer_proto::v1::{GetLockRequest, ListLocksRequest, ReleaseRequest, RenewRequest};
+use fencer_testkit::eventually;
 use fencer_testkit::grpc::reason;
 use fencer_testkit::node::{acquire, grpc_client as client, start};
 use tonic::Code;
+use tonic::transport::Channel;
+
+/// How long a waiter may take to show up in (or leave) the queue.
+const SOON: Duration = Duration::from_secs(10);
+
+/// Waits until `resource` has exactly `n` waiters (GetLock's count): the
+/// queue is observed, never assumed from a sleep.
+async fn waiters_become(c: &LockClient<Channel>, resource: &str, n: u32) {
+    eventually(&format!("{n} waiter(s) queued on {resource}"), SOON, || {
+        let mut c = c.clone();
+        async move {
+            let view = c.get_lock(GetLockRequest { resource: resource.into() }).await.unwrap().into_inner();
+            (view.waiters == n).then_some(())
+        }
+    })
+    .await;
+}
 
 #[tokio::test]
 async fn t20_grant_then_conflict() {
@@ -72,17 +91,18 @@ async fn t23_wait_then_grant_in_fifo_order() {
     let a = acquire(&mut c, "q", "holder-a-0001", 5_000, 0).await.unwrap();
     let mut cb = c.clone();
     let b = tokio::spawn(async move { acquire(&mut cb, "q", "waiter-b-0001", 5_000, 10_000).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // B is queued before C is even sent: FIFO order is B, C.
+    waiters_become(&c, "q", 1).await;
     let mut cc = c.clone();
     let cwait = tokio::spawn(async move { acquire(&mut cc, "q", "waiter-c-0001", 5_000, 10_000).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(c.get_lock(GetLockRequest { resource: "q".into() }).await.unwrap().into_inner().waiters, 2);
+    waiters_become(&c, "q", 2).await;
     c.release(ReleaseRequest { resource: "q".into(), lease_id: a.lease_id }).await.unwrap();
-    let b = b.await.unwrap().unwrap();
+    let b = tokio::time::timeout(SOON, b).await.expect("B, first in the queue, is granted").unwrap().unwrap();
     assert!(b.waited);
     assert!(b.fencing_token > a.fencing_token);
-    // Only B woke: C still waits.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Only B woke: C still waits, behind B.
+    let view = c.get_lock(GetLockRequest { resource: "q".into() }).await.unwrap().into_inner();
+    assert_eq!((view.holder.as_str(), view.waiters), ("test/waiter-b-0001", 1));
     assert!(!cwait.is_finished());
     c.release(ReleaseRequest { resource: "q".into(), lease_id: b.lease_id }).await.unwrap();
     let cgrant = cwait.await.unwrap().unwrap();
@@ -119,27 +139,21 @@ async fn t25_a_disconnected_waiter_is_cancelled() {
     // A separate connection that goes away while waiting.
     let mut other = client(&node).await;
     let waiter = tokio::spawn(async move { acquire(&mut other, "d", "waiter-gone-01", 5_000, 30_000).await });
-    for _ in 0..100 {
-        if c.get_lock(GetLockRequest { resource: "d".into() }).await.unwrap().into_inner().waiters == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The waiter has queued: without this the test would pass on a waiter
+    // that never waited.
+    waiters_become(&c, "d", 1).await;
     waiter.abort();
     let _ = waiter.await;
-    let mut cancelled = false;
-    for _ in 0..200 {
-        if c.get_lock(GetLockRequest { resource: "d".into() }).await.unwrap().into_inner().waiters == 0 {
-            cancelled = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(cancelled, "the departed caller's slot must be cancelled");
+    // The departed caller's slot is cancelled.
+    waiters_become(&c, "d", 0).await;
     c.release(ReleaseRequest { resource: "d".into(), lease_id: a.lease_id }).await.unwrap();
     assert!(!c.get_lock(GetLockRequest { resource: "d".into() }).await.unwrap().into_inner().held);
     node.shutdown().await;
 }
+
+/// A's ttl in t26: long enough for B and C to queue behind A on a loaded
+/// machine (the test checks they did, before A expired).
+const TTL_MS: u64 = 2_000;
 
 #[tokio::test]
 async fn t26_expiry_frees_the_lock_after_its_ttl_and_promotes_exactly_one_waiter() {
@@ -147,16 +161,18 @@ async fn t26_expiry_frees_the_lock_after_its_ttl_and_promotes_exactly_one_waiter
     let node = start(dir.path()).await;
     let mut c = client(&node).await;
     let t0 = tokio::time::Instant::now();
-    let a = acquire(&mut c, "e", "holder-a-0001", 600, 0).await.unwrap();
+    let a = acquire(&mut c, "e", "holder-a-0001", TTL_MS, 0).await.unwrap();
     let mut cb = c.clone();
     let b = tokio::spawn(async move { acquire(&mut cb, "e", "waiter-b-0001", 5_000, 10_000).await });
+    // B is queued before C is sent, so B is first (FIFO), whatever the
+    // scheduling of the two tasks.
+    waiters_become(&c, "e", 1).await;
     let mut cc = c.clone();
-    let cw = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        acquire(&mut cc, "e", "waiter-c-0001", 5_000, 10_000).await
-    });
-    let b = b.await.unwrap().unwrap();
-    assert!(t0.elapsed() >= Duration::from_millis(600), "expired before its ttl: {:?}", t0.elapsed());
+    let cw = tokio::spawn(async move { acquire(&mut cc, "e", "waiter-c-0001", 5_000, 10_000).await });
+    waiters_become(&c, "e", 2).await;
+    assert!(t0.elapsed() < Duration::from_millis(TTL_MS), "both queued while A held the lock: {:?}", t0.elapsed());
+    let b = tokio::time::timeout(SOON, b).await.expect("B, first in the queue, is granted").unwrap().unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(TTL_MS), "expired before its ttl: {:?}", t0.elapsed());
     assert!(b.waited && b.fencing_token > a.fencing_token);
     // A's lease is gone: renewing says so.
     let err = c.renew(RenewRequest { resource: "e".into(), lease_id: a.lease_id }).await.unwrap_err();
