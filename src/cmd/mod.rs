@@ -1,7 +1,6 @@
 //! One module per subcommand.
 
 pub(crate) mod audit;
-pub(crate) mod bench;
 pub(crate) mod completions;
 pub(crate) mod coordinator;
 pub(crate) mod dev;

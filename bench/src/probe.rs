@@ -1,4 +1,5 @@
-//! Server-side figures: a coordinator's `/metrics`, a process's memory and
+//! Server-side figures: a coordinator's `/metrics` (fetched and parsed with
+//! the test kit's HTTP GET and exposition parser), a process's memory and
 //! CPU from `/proc`, and a description of the machine. Everything here is
 //! best effort: a missing figure is reported as absent, never invented.
 
@@ -6,7 +7,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use fencer_testkit::http_get;
+use fencer_testkit::metrics::Exposition;
 
 /// The coordinator histograms whose means explain where the time goes.
 pub(crate) const COORDINATOR_HISTOGRAMS: &[&str] = &[
@@ -17,23 +19,6 @@ pub(crate) const COORDINATOR_HISTOGRAMS: &[&str] = &[
     "fencer_raft_apply_batch_entries",
     "fencer_snapshot_build_duration_seconds",
 ];
-
-/// One plain HTTP/1.0 GET on loopback; returns the status and the body.
-pub(crate) async fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> anyhow::Result<(u16, String)> {
-    let work = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
-        let mut buf = Vec::new();
-        // Bounded: metrics pages are small.
-        s.take(16 << 20).read_to_end(&mut buf).await?;
-        anyhow::Ok(buf)
-    };
-    let buf = tokio::time::timeout(timeout, work).await.map_err(|_| anyhow::anyhow!("GET {path} timed out"))??;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    Ok((status, body.to_string()))
-}
 
 /// `(sum, count)` of a Prometheus histogram, added over its label sets.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
@@ -50,28 +35,21 @@ impl SumCount {
     }
 }
 
-/// Reads `NAME_sum` and `NAME_count` of each histogram in `names`.
+/// Reads `NAME_sum` and `NAME_count` of each histogram in `names` that the
+/// scrape has.
 pub(crate) fn parse_histograms(text: &str, names: &[&str]) -> BTreeMap<String, SumCount> {
-    let mut out: BTreeMap<String, SumCount> = BTreeMap::new();
-    for line in text.lines() {
-        if line.starts_with('#') {
-            continue;
-        }
-        let Some((series, value)) = line.rsplit_once(' ') else { continue };
-        let Ok(value) = value.trim().parse::<f64>() else { continue };
-        let metric = series.split('{').next().unwrap_or(series);
-        for name in names {
-            if let Some(suffix) = metric.strip_prefix(name) {
-                let e = out.entry(name.to_string()).or_default();
-                match suffix {
-                    "_sum" => e.sum += value,
-                    "_count" => e.count += value,
-                    _ => {}
-                }
-            }
-        }
-    }
-    out
+    let scrape = Exposition::parse(text);
+    let exposed = scrape.names();
+    names
+        .iter()
+        .filter(|name| {
+            exposed.contains(format!("{name}_sum").as_str()) || exposed.contains(format!("{name}_count").as_str())
+        })
+        .map(|name| {
+            let (sum, count) = scrape.sum_count(name);
+            (name.to_string(), SumCount { sum, count })
+        })
+        .collect()
 }
 
 /// Scrapes one node's coordinator histograms.

@@ -954,7 +954,7 @@ mod tests {
     }
 
     fn fake(delay: Duration) -> Arc<Driver> {
-        use crate::cmd::bench::drivers::FakeDriver;
+        use crate::drivers::FakeDriver;
         Arc::new(Driver::Fake(FakeDriver { delay, gate: tokio::sync::RwLock::new(()) }))
     }
 

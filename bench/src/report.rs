@@ -830,7 +830,7 @@ fn scenario_label(r: &RunReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::bench::workload::new_histogram;
+    use crate::workload::new_histogram;
 
     #[test]
     fn percentiles_come_from_the_histogram_in_ms() {

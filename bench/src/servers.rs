@@ -4,95 +4,37 @@
 //!
 //! Everything binds loopback ports, keeps its data in a temporary dir, logs
 //! to a file there, and is stopped by its own PID (SIGTERM, then SIGKILL
-//! after a bound); `kill_on_drop` covers an early return or a panic.
+//! after a bound); the kit's process guard kills it on an early return or
+//! a panic.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use fencer_client::Client;
-use tokio::process::{Child, Command};
+use fencer_testkit::Proc;
 use tokio::time::Instant;
 
 /// How long a graceful stop may take before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
-/// One child process, owned.
-pub(crate) struct Proc {
-    name: String,
-    child: Child,
-    pid: u32,
-    log: PathBuf,
-}
-
-impl Proc {
-    pub(crate) fn spawn(name: &str, program: &Path, args: &[String], log: PathBuf) -> anyhow::Result<Self> {
-        let out = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
-        let err = out.try_clone()?;
-        let child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .env("FENCER_LOG", "info,openraft=warn")
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("start {name} ({})", program.display()))?;
-        let pid = child.id().context("a just-spawned child has a pid")?;
-        Ok(Self { name: name.to_string(), child, pid, log })
-    }
-
-    pub(crate) fn pid(&self) -> u32 {
-        self.pid
-    }
-
-    /// Whether it is still running.
-    pub(crate) fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// The tail of its log, for error messages.
-    pub(crate) fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(8)..].join("\n")
-    }
-
-    /// `kill -9` of this PID; returns when it is gone (bounded).
-    pub(crate) async fn kill(&mut self) -> Instant {
-        let _ = self.child.start_kill();
-        let at = Instant::now();
-        let _ = tokio::time::timeout(STOP_GRACE, self.child.wait()).await;
-        at
-    }
-
-    /// SIGTERM, then SIGKILL after [`STOP_GRACE`].
-    pub(crate) async fn stop(mut self) {
-        if !self.alive() {
-            return;
-        }
-        let term = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        if term.is_ok() && tokio::time::timeout(STOP_GRACE, self.child.wait()).await.is_ok() {
-            return;
-        }
-        tracing::warn!(name = %self.name, pid = self.pid, "did not stop on SIGTERM; killing");
-        self.kill().await;
-    }
+/// Starts `program ARGS…` as `name`, its output to `log`, owned by a
+/// [`Proc`] (killed by its PID if the bench stops early).
+pub(crate) fn spawn(name: &str, program: &Path, args: &[String], log: &Path) -> anyhow::Result<Proc> {
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(args).env("FENCER_LOG", "info,openraft=warn");
+    Proc::try_spawn(name, &mut cmd, log).with_context(|| format!("start {name} ({})", program.display()))
 }
 
 /// `n` free loopback ports (bound at once so they differ, then released).
 pub(crate) fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .context("bind a loopback port")?;
-    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+    fencer_testkit::free_ports(n).context("bind a loopback port")
+}
+
+/// The last lines of a process's log, for error messages.
+fn tail(p: &Proc) -> String {
+    p.log_tail(8)
 }
 
 /// One node of a local fencer cluster.
@@ -131,7 +73,7 @@ impl FencerCluster {
                 format!("--data-dir={}", data.display()),
                 format!("--snapshot-every={snapshot_every}"),
             ];
-            let proc = Proc::spawn(&format!("fencer node {id}"), bin, &args, logs.join(format!("node{id}.log")))?;
+            let proc = spawn(&format!("fencer node {id}"), bin, &args, &logs.join(format!("node{id}.log")))?;
             nodes.push(FencerNode { id, addr: *addr, proc: Some(proc) });
         }
         let cluster = Self { nodes, _dir: Some(dir) };
@@ -139,7 +81,7 @@ impl FencerCluster {
             let logs: Vec<String> = cluster
                 .nodes
                 .iter()
-                .filter_map(|n| n.proc.as_ref().map(|p| format!("node {}:\n{}", n.id, p.log_tail())))
+                .filter_map(|n| n.proc.as_ref().map(|p| format!("node {}:\n{}", n.id, tail(p))))
                 .collect();
             e.context(logs.join("\n"))
         })?;
@@ -193,7 +135,8 @@ impl FencerCluster {
     pub(crate) async fn kill(&mut self, id: u64) -> anyhow::Result<Instant> {
         let node = self.nodes.iter_mut().find(|n| n.id == id).context("no such node")?;
         let mut proc = node.proc.take().context("the node was not started by the bench")?;
-        let at = proc.kill().await;
+        let at = Instant::now();
+        proc.kill().await;
         Ok(at)
     }
 
@@ -210,8 +153,8 @@ impl FencerCluster {
 
     pub(crate) async fn stop(mut self) {
         for n in &mut self.nodes {
-            if let Some(p) = n.proc.take() {
-                p.stop().await;
+            if let Some(mut p) = n.proc.take() {
+                p.stop(STOP_GRACE).await;
             }
         }
     }
@@ -236,8 +179,9 @@ mod peers {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::time::Instant;
 
-    use super::{Proc, free_ports};
-    use crate::cmd::bench::probe::http_get;
+    use fencer_testkit::{Proc, http_get};
+
+    use super::{STOP_GRACE, free_ports, spawn, tail};
 
     /// Three etcd members on loopback, data in a temporary dir.
     pub(crate) struct EtcdCluster {
@@ -272,7 +216,7 @@ mod peers {
                     "--heartbeat-interval=100".into(),
                     "--election-timeout=1000".into(),
                 ];
-                members.push(Proc::spawn(&format!("etcd m{i}"), bin, &args, logs.join(format!("m{i}.log")))?);
+                members.push(spawn(&format!("etcd m{i}"), bin, &args, &logs.join(format!("m{i}.log")))?);
             }
             let client_urls: Vec<String> = client.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
             let this = Self { members, client_urls, _dir: dir };
@@ -286,7 +230,7 @@ mod peers {
                         break;
                     }
                     if Instant::now() > deadline {
-                        let tails: Vec<String> = this.members.iter().map(Proc::log_tail).collect();
+                        let tails: Vec<String> = this.members.iter().map(tail).collect();
                         anyhow::bail!("etcd not healthy within 30 s:\n{}", tails.join("\n"));
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -300,8 +244,8 @@ mod peers {
         }
 
         pub(crate) async fn stop(self) {
-            for m in self.members {
-                m.stop().await;
+            for mut m in self.members {
+                m.stop(STOP_GRACE).await;
             }
         }
     }
@@ -332,7 +276,7 @@ mod peers {
                 "--daemonize".into(),
                 "no".into(),
             ];
-            let proc = Proc::spawn("redis-server", bin, &args, logs.join("redis.log"))?;
+            let proc = spawn("redis-server", bin, &args, &logs.join("redis.log"))?;
             let addr = SocketAddr::from(([127, 0, 0, 1], port));
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
@@ -340,15 +284,15 @@ mod peers {
                     break;
                 }
                 if Instant::now() > deadline {
-                    anyhow::bail!("redis-server did not answer PING within 10 s:\n{}", proc.log_tail());
+                    anyhow::bail!("redis-server did not answer PING within 10 s:\n{}", tail(&proc));
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Ok(Self { proc, addr, _dir: dir })
         }
 
-        pub(crate) async fn stop(self) {
-            self.proc.stop().await;
+        pub(crate) async fn stop(mut self) {
+            self.proc.stop(STOP_GRACE).await;
         }
     }
 

@@ -3,6 +3,27 @@
 //! fsync rate, the proxy's overhead and a rate search (issue 8, DESIGN §9).
 //! `docs/performance.md` describes the method and how to reproduce.
 //!
+//! A library, not part of the product: the `fencer` binary keeps a thin
+//! `bench` subcommand that parses [`BenchArgs`] and calls [`run`], so
+//! `fencer bench …` is what users run, and the product's own code holds
+//! only product commands. The etcd and Redis drivers are behind this
+//! crate's `bench-peers` feature (the root package forwards its own).
+//! Two small closed-loop tools are its examples: `lock_bench` (acquire →
+//! release round trips) and `proxy_bench` (the proxy's overhead against a
+//! direct upstream).
+//!
+//! ```
+//! use clap::{Args, Command, FromArgMatches};
+//!
+//! // The flags as `fencer bench` takes them.
+//! let cmd = fencer_bench::BenchArgs::augment_args(Command::new("bench"));
+//! let m = cmd.try_get_matches_from(["bench", "--scenarios", "steady,leader-kill", "--scale", "0.1"]).unwrap();
+//! assert!(fencer_bench::BenchArgs::from_arg_matches(&m).is_ok());
+//! let bad = fencer_bench::BenchArgs::augment_args(Command::new("bench"))
+//!     .try_get_matches_from(["bench", "--duration", "soon"]);
+//! assert!(bad.unwrap_err().to_string().contains("not a duration"));
+//! ```
+//!
 //! # Layout
 //! - `workload` — the open-loop scheduler, the bench's lease table, recording.
 //! - `drivers` — fencer, etcd and Redis behind one acquire/renew/release.
@@ -36,11 +57,16 @@ use self::probe::Machine;
 use self::report::{CeilingReport, Failover, NodeReport, Report, RunReport, SearchReport, SearchStep, ServerFigures};
 use self::servers::FencerCluster;
 use self::workload::{Op, WorkloadConfig};
-use super::parse_duration;
+
+/// Parses `500ms`, `30s`, `5m`, `1h` (humantime syntax), with the message
+/// of the `fencer` binary's own duration flags.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?} is not a duration like 500ms, 30s or 5m: {e}"))
+}
 
 /// Arguments of `fencer bench`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct BenchArgs {
+pub struct BenchArgs {
     /// Scenarios to run against fencer: steady, follower-down, leader-kill,
     /// snapshot (comma separated), or `all`. Each starts its own cluster.
     #[arg(long, value_delimiter = ',', default_value = "steady")]
@@ -332,13 +358,17 @@ fn random_seed() -> u64 {
     u64::from_str_radix(&fencer_client::new_request_id()[..16], 16).unwrap_or(1)
 }
 
-pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    // On SIGINT/SIGTERM the bench future is dropped: every server process
-    // it started is killed by its PID (`kill_on_drop`), in-process nodes and
-    // temp dirs go with it. No report is written for an interrupted run.
+/// Runs the bench as `args` ask, until done or until `interrupted`
+/// resolves (the binary passes its SIGINT/SIGTERM future). Exit code 130
+/// for an interrupted run.
+pub async fn run(args: BenchArgs, interrupted: impl std::future::Future<Output = ()>) -> anyhow::Result<ExitCode> {
+    // On interruption the bench future is dropped: every server process it
+    // started is killed by its PID (the process guard's drop), in-process
+    // nodes and temp dirs go with it. No report is written for an
+    // interrupted run.
     tokio::select! {
         r = run_bench(args) => r,
-        () = super::shutdown_signal() => {
+        () = interrupted => {
             eprintln!("fencer bench: interrupted; servers stopped, no report written");
             Ok(ExitCode::from(130))
         }
