@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use fencer_testkit::net::free_port_on;
 use fencer_testkit::proc_cluster::{ELECTION_MIN, HEARTBEAT, ProcCluster};
 use fencer_testkit::{free_port, run, run_json, spawn_fencer, wait_ready};
 use serde_json::Value;
@@ -102,7 +103,7 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
     // Replace the node: a new node 4 joins as a learner, is promoted, and
     // the dead node is removed.
     let ip4 = "127.0.0.254";
-    let addr4 = format!("{ip4}:{}", std::net::TcpListener::bind((ip4, 0)).unwrap().local_addr().unwrap().port());
+    let addr4 = format!("{ip4}:{}", free_port_on(ip4));
     let dir4 = c.dir.path().join("n4").display().to_string();
     let peers4 = format!("{},4={addr4}", c.peers());
     let _node4 = spawn_fencer(
