@@ -85,7 +85,7 @@ unavailable, 206 invalid, 207 cannot start, 202 usage, 201 other. See docs/clien
     /// Show the proxy's per-resource state.
     ProxyStatus(cmd::proxy::ProxyStatusArgs),
     /// Benchmark: the seed workload, open loop, on a local 3-node cluster (docs/performance.md).
-    Bench(Box<cmd::bench::BenchArgs>),
+    Bench(Box<fencer_bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -137,7 +137,7 @@ fn main() -> ExitCode {
             Command::Proxy(args) => cmd::proxy::run_proxy(args, log_filter).await,
             Command::Rejections(args) => cmd::proxy::run_rejections(args).await,
             Command::ProxyStatus(args) => cmd::proxy::run_proxy_status(args).await,
-            Command::Bench(args) => cmd::bench::run(*args).await,
+            Command::Bench(args) => fencer_bench::run(*args, cmd::shutdown_signal()).await,
         }
     });
     match result {

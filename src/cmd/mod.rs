@@ -1,7 +1,7 @@
 //! One module per subcommand.
 
 pub(crate) mod audit;
-pub(crate) mod bench;
+mod client_args;
 pub(crate) mod completions;
 pub(crate) mod coordinator;
 pub(crate) mod dev;
@@ -22,7 +22,8 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?} is not a duration like 500ms, 30s or 5m: {e}"))
 }
 
-/// Waits for SIGINT or SIGTERM.
+/// Waits for SIGINT or SIGTERM: the one stop signal of every long-running
+/// command (`dev`, `coordinator`, `proxy`, `bench`).
 pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = match signal(SignalKind::terminate()) {

@@ -13,7 +13,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
-use std::sync::Arc;
 
 /// Largest answer read, in bytes.
 const MAX_RESPONSE_BYTES: usize = 4 << 20;
@@ -57,7 +56,7 @@ pub(crate) async fn call_with(
         // Never used for TLS: the builder needs a config, http_only never starts one.
         None => HttpsConnectorBuilder::new()
             .with_tls_config(
-                rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                rustls::ClientConfig::builder_with_provider(fencer_tls::provider())
                     .with_safe_default_protocol_versions()?
                     .with_root_certificates(rustls::RootCertStore::empty())
                     .with_no_client_auth(),

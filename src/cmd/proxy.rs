@@ -242,7 +242,7 @@ pub(crate) async fn run_proxy(args: ProxyArgs, log: Arc<LogFilter>) -> anyhow::R
     // Listen for SIGHUP before the proxy answers anything, so a reload
     // request can never meet SIGHUP's default action (terminate).
     let hangups = hangup_signals();
-    let handle = fencer_proxy::start_with_shutdown(config, args.floor, shutdown_signal()).await?;
+    let handle = fencer_proxy::start_with_shutdown(config, args.floor, super::shutdown_signal()).await?;
     let reload = tokio::spawn(reload_keys_on_sighup(hangups, handle.key_reloader()));
     handle.wait().await;
     reload.abort();
@@ -281,34 +281,6 @@ async fn reload_keys_on_sighup(hangups: Hangups, keys: fencer_proxy::KeyReloader
     }
     #[cfg(not(unix))]
     let _ = (hangups, keys);
-}
-
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("SIGINT received"),
-        () = term => tracing::info!("SIGTERM received"),
-    }
 }
 
 fn opt<T: ToString>(v: Option<T>) -> String {

@@ -3,6 +3,8 @@
 //! in front of it; each names the rule it protects and fails when that
 //! rule is broken.
 //!
+//! - `classifier`: the statement classifier and the startup-options reader
+//!   agree with PostgreSQL (G2, G3, G8).
 //! - `fencing`: token declarations and the check (G2–G4, G8, G10).
 //! - `transactions`: the transaction as the unit in flight, older
 //!   transactions ended through the admin connection (G5).
@@ -13,6 +15,7 @@
 
 #![allow(unreachable_pub)]
 
+mod classifier;
 mod failures;
 mod fencing;
 mod fixture;

@@ -1,0 +1,146 @@
+//! A minimal HTTP/1.1 client for loopback status pages (`/readyz`,
+//! `/v1/status`, `/metrics`, `/ping`): one request per connection
+//! (`Connection: close`), the body read to the end (bounded), chunked
+//! bodies decoded. Enough for the servers we start; not a general client
+//! (tests that exercise HTTP itself use `fencer_proxy::testing::TestClient`).
+
+use std::io;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::process::Proc;
+
+/// Largest response read, in bytes (metrics pages are far smaller).
+pub const MAX_RESPONSE_BYTES: u64 = 16 << 20;
+
+/// `METHOD path` on `addr` with `body`, bounded by `timeout`: the status
+/// code and the body.
+pub async fn http_request(
+    addr: impl tokio::net::ToSocketAddrs,
+    method: &str,
+    path: &str,
+    body: &str,
+    timeout: Duration,
+) -> io::Result<(u16, String)> {
+    let exchange = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        let host = s.peer_addr()?;
+        s.write_all(request(method, path, &host.to_string(), body).as_bytes()).await?;
+        let mut buf = Vec::new();
+        (&mut s).take(MAX_RESPONSE_BYTES).read_to_end(&mut buf).await?;
+        parse(&buf)
+    };
+    tokio::time::timeout(timeout, exchange).await.map_err(|_| {
+        io::Error::new(io::ErrorKind::TimedOut, format!("{method} {path}: no answer within {timeout:?}"))
+    })?
+}
+
+/// `GET path` on `addr` within `timeout`: (status, body).
+pub async fn http_get(
+    addr: impl tokio::net::ToSocketAddrs,
+    path: &str,
+    timeout: Duration,
+) -> io::Result<(u16, String)> {
+    http_request(addr, "GET", path, "", timeout).await
+}
+
+/// `GET path` for synchronous tests: (status, body), `None` when nothing
+/// answered within 5 s.
+pub fn http_get_blocking(addr: impl std::net::ToSocketAddrs, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let host = s.peer_addr().ok()?;
+    s.write_all(request("GET", path, &host.to_string(), "").as_bytes()).ok()?;
+    let mut buf = Vec::new();
+    s.take(MAX_RESPONSE_BYTES).read_to_end(&mut buf).ok()?;
+    parse(&buf).ok()
+}
+
+/// Polls `GET path` until it answers `want`; panics with the process's log
+/// when `timeout` passes or the process exited first.
+pub async fn wait_http(addr: std::net::SocketAddr, path: &str, want: u16, proc: &mut Proc, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let got = http_get(addr, path, Duration::from_secs(2)).await;
+        if got.as_ref().is_ok_and(|(code, _)| *code == want) {
+            return;
+        }
+        if let Some(status) = proc.exited() {
+            panic!(
+                "{} exited ({status}) before {addr}{path} answered {want}; its log:\n{}",
+                proc.name(),
+                proc.log_text()
+            );
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "{} did not answer {path} with {want} within {timeout:?} (last: {got:?}); its log:\n{}",
+                proc.name(),
+                proc.log_text()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn request(method: &str, path: &str, host: &str, body: &str) -> String {
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn parse(raw: &[u8]) -> io::Result<(u16, String)> {
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("not an HTTP response: {what}"));
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| bad("no end of the head"))?;
+    let head = String::from_utf8_lossy(&raw[..split]);
+    let body = &raw[split + 4..];
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| bad("no status code"))?;
+    let chunked = head.lines().any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("transfer-encoding") && v.trim().eq_ignore_ascii_case("chunked")
+        })
+    });
+    let body = if chunked { dechunk(body).ok_or_else(|| bad("a broken chunked body"))? } else { body.to_vec() };
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = rest.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = std::str::from_utf8(&rest[..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        rest = &rest[line_end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(rest.get(..size)?);
+        rest = rest.get(size + 2..)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_and_chunked_bodies_are_read() {
+        let plain = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello";
+        assert_eq!(parse(plain).unwrap(), (200, "hello".to_string()));
+        let chunked = b"HTTP/1.1 503 Service Unavailable\r\ntransfer-encoding: chunked\r\n\r\n4\r\nno q\r\n6\r\nuorum\n\r\n0\r\n\r\n";
+        assert_eq!(parse(chunked).unwrap(), (503, "no quorum\n".to_string()));
+        assert!(parse(b"garbage").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_times_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let err = http_get(addr, "/", Duration::from_millis(100)).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        drop(listener);
+    }
+}

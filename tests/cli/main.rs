@@ -1,0 +1,11 @@
+//! The `fencer` command line against `fencer dev` processes:
+//!
+//! - `t30_dev_restart` — kill -9 and restart keeps locks, tokens grow; the
+//!   CLI's exit codes and JSON errors (t31).
+//! - `t48_exec` — `fencer exec`: the lock in the command's environment,
+//!   SIGTERM then SIGKILL before the deadline, documented exit codes.
+//! - `t49_cli` — completions, `FENCER_*` variables, usage errors.
+
+mod t30_dev_restart;
+mod t48_exec;
+mod t49_cli;

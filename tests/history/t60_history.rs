@@ -1,0 +1,86 @@
+//! History-checked fault runs (DESIGN §8, issue 6): clients against a
+//! 3-node cluster of real `fencer coordinator` processes, writing through a
+//! real `fencer proxy` process to an upstream that records the order in
+//! which it applied writes, while a nemesis kills, isolates, pauses and
+//! partitions. Afterwards every invariant checker of `fencer_testkit::history` runs
+//! over the recorded operations and the upstream's record: I1 (with lease
+//! time), I2, I3, I4, I7. A failure prints the report with the slice of
+//! history behind each violation (docs/testing.md explains how to read it).
+//!
+//! - `t60_short_fault_run_keeps_every_invariant`: CI, every fault once.
+//! - `t60_influxdb_fault_run_keeps_every_invariant`: the same against a real
+//!   InfluxDB (loud SKIPPED without `influxd`).
+//! - `t60_long_fault_run_keeps_every_invariant` (ignored): every fault, then
+//!   random ones for `FENCER_HISTORY_SECS` (default 300).
+
+use crate::workload::nemesis::Fault;
+use crate::workload::{self, Config, Outcome};
+
+/// The run did real work: without it a clean result proves nothing.
+fn assert_meaningful(o: &Outcome, config: &Config) {
+    let count = |kind: &str, answer: &str| {
+        o.client_ops().filter(|op| op.call.kind() == kind && op.answer.kind() == answer).count()
+    };
+    assert!(count("acquire", "granted") >= 20, "too few grants to mean anything:\n{}", o.report);
+    assert!(count("write", "written") >= 20, "too few writes applied to mean anything:\n{}", o.report);
+    assert!(count("renew", "renewed") >= 10, "too few renewals to mean anything:\n{}", o.report);
+    for f in &config.schedule {
+        let needle = match f {
+            Fault::KillLeader => "kill -9 leader",
+            Fault::IsolateLeader => "isolate leader",
+            Fault::OneWayFromLeader => "(one way)",
+            Fault::MajorityLoss => "majority loss",
+            Fault::PauseLeader => "SIGSTOP leader",
+            Fault::DropAcquireAnswers => "acquire answers",
+            Fault::KillProxy => "kill -9 the proxy",
+            Fault::PauseClient => "stops renewing",
+            Fault::RestartAll => "kill -9 every node",
+        };
+        assert!(o.faults.iter().any(|(_, w)| w.contains(needle)), "fault {f:?} was never injected:\n{}", o.report);
+    }
+}
+
+fn assert_clean(o: &Outcome) {
+    assert!(o.violations.is_empty(), "{} invariant violation(s):\n{}", o.violations.len(), o.report);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t60_short_fault_run_keeps_every_invariant() {
+    let config = Config::short("short");
+    let o = workload::run(config.clone()).await;
+    assert_clean(&o);
+    assert_meaningful(&o, &config);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t60_influxdb_fault_run_keeps_every_invariant() {
+    let config = Config {
+        influx: true,
+        duration: std::time::Duration::from_secs(30),
+        schedule: vec![
+            Fault::KillLeader,
+            Fault::PauseClient,
+            Fault::KillProxy,
+            Fault::IsolateLeader,
+            Fault::PauseClient,
+        ],
+        ..Config::short("influx")
+    };
+    if !fencer_testkit::influxdb::installed("t60_influxdb_fault_run_keeps_every_invariant") {
+        return;
+    }
+    let o = workload::run(config.clone()).await;
+    assert_clean(&o);
+    assert_meaningful(&o, &config);
+}
+
+/// The long configuration: `cargo test --test history t60_long -- --ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: every fault, then random faults for FENCER_HISTORY_SECS (default 300)"]
+async fn t60_long_fault_run_keeps_every_invariant() {
+    let run_id = format!("long-{}", std::process::id());
+    let config = Config::long(&run_id);
+    let o = workload::run(config.clone()).await;
+    assert_clean(&o);
+    assert_meaningful(&o, &config);
+}
