@@ -167,6 +167,8 @@ struct Shared {
     /// Sync, Query and FunctionCall messages forwarded (each answered by
     /// one ReadyForQuery) and those PostgreSQL may ignore (see module doc).
     producers: u64,
+    /// When PostgreSQL last went from owing nothing to owing an answer.
+    outstanding_since: clock::Instant,
     maybe_producers: u64,
     ready_for_query: u64,
     /// A fenced message was forwarded after the last producer.
@@ -312,6 +314,7 @@ impl Session {
             id,
             shared: Mutex::new(Shared {
                 producers: 0,
+                outstanding_since: clock::now(),
                 maybe_producers: 0,
                 ready_for_query: 0,
                 fenced_since_producer: false,
@@ -740,6 +743,9 @@ where
 
     fn count_producer(&mut self, maybe: bool) {
         let mut s = lock(&self.session.shared);
+        if !s.outstanding() {
+            s.outstanding_since = clock::now();
+        }
         if maybe {
             s.maybe_producers += 1;
         } else {
@@ -747,6 +753,11 @@ where
         }
         if std::mem::take(&mut s.fenced_since_producer) {
             s.last_fenced_unit = s.units();
+        }
+        drop(s);
+        if self.session.env.config.statement_timeout.is_some() {
+            // The upstream pump re-arms its statement timeout.
+            self.session.changed.notify_waiters();
         }
     }
 
@@ -1274,6 +1285,7 @@ where
     async fn run(&mut self) -> End {
         // Bytes of a message being relayed without inspection, still to come.
         let mut passing = 0usize;
+        let mut last_byte = clock::now();
         let mut out = BytesMut::new();
         loop {
             let more = match self.relay_buffered(&mut out, &mut passing) {
@@ -1294,15 +1306,32 @@ where
                 self.buf = BytesMut::with_capacity(8192);
             }
             self.buf.reserve(8192);
-            let outstanding = lock(&self.session.shared).outstanding();
-            let read = self.reader.read_buf(&mut self.buf);
-            let result = match (outstanding, self.session.env.config.statement_timeout) {
-                (true, Some(t)) => match tokio::time::timeout(t, read).await {
-                    Ok(r) => r,
-                    Err(_) => return End::UpstreamTimeout(t),
-                },
-                _ => read.await,
+            let result = loop {
+                // G7: PostgreSQL may stay silent for statement_timeout while
+                // it owes an answer; re-armed whenever the client pump
+                // sends a Sync, Query or FunctionCall.
+                let notified = self.session.changed.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let deadline = match self.session.env.config.statement_timeout {
+                    Some(t) => {
+                        let s = lock(&self.session.shared);
+                        s.outstanding().then(|| (s.outstanding_since.max(last_byte) + t, t))
+                    }
+                    None => None,
+                };
+                tokio::select! {
+                    r = self.reader.read_buf(&mut self.buf) => break r,
+                    () = async {
+                        match deadline {
+                            Some((at, _)) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    } => return End::UpstreamTimeout(deadline.map_or(Duration::ZERO, |(_, t)| t)),
+                    () = notified => {}
+                }
             };
+            last_byte = clock::now();
             match result {
                 Ok(0) => return End::UpstreamClosed,
                 Ok(_) => {}
