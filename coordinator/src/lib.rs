@@ -63,6 +63,8 @@ mod api;
 mod audit;
 mod bootstrap;
 mod clock;
+#[cfg(test)]
+mod golden;
 mod hot;
 mod leadership;
 mod lease_clock;
