@@ -21,8 +21,8 @@ use openraft::storage::{RaftSnapshotBuilder as _, RaftStateMachine as _};
 
 use crate::signing::KeyRegistration;
 use crate::{
-    AuditText, Clock, Command, Holder, KeyChange, KeyRefusal, LeaseId, LogCommand, Metrics, NoObserver, Quota,
-    RequestId, ResourceName, SNAPSHOT_DIR, STATE_FILE, StateMachineStore, TypeConfig,
+    AcquireCmd, AuditText, Clock, Command, Holder, KeyChange, KeyRefusal, LeaseId, LogCommand, Metrics, NoObserver,
+    Quota, RequestId, ResourceName, SNAPSHOT_DIR, STATE_FILE, StateMachineStore, TypeConfig,
 };
 
 fn hex(bytes: &[u8]) -> String {
@@ -57,7 +57,7 @@ fn public_key() -> [u8; 32] {
 }
 
 fn acquire(request_id: &str, resource: &str, wait: bool, lease: u128, max_waiters: u32) -> Command {
-    Command::Acquire {
+    Command::Acquire(AcquireCmd {
         request_id: req(request_id),
         resource: res(resource),
         holder: Holder::new("host-1/pid 42").unwrap(),
@@ -65,18 +65,20 @@ fn acquire(request_id: &str, resource: &str, wait: bool, lease: u128, max_waiter
         wait,
         lease_id: LeaseId::from_u128(lease),
         max_waiters,
-    }
+    })
 }
 
 fn acquire_in_quota(request_id: &str, resource: &str, lease: u128, quota: Quota) -> Command {
     Command::AcquireInQuota {
-        request_id: req(request_id),
-        resource: res(resource),
-        holder: Holder::new("host-2").unwrap(),
-        ttl_ms: 15_000,
-        wait: true,
-        lease_id: LeaseId::from_u128(lease),
-        max_waiters: 1024,
+        acquire: AcquireCmd {
+            request_id: req(request_id),
+            resource: res(resource),
+            holder: Holder::new("host-2").unwrap(),
+            ttl_ms: 15_000,
+            wait: true,
+            lease_id: LeaseId::from_u128(lease),
+            max_waiters: 1024,
+        },
         quota,
     }
 }

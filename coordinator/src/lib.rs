@@ -37,12 +37,12 @@
 //! - `log_level` — changing the log filter at run time.
 //!
 //! ```
-//! use fencer_coordinator::{Command, LockState, LogCommand, Outcome, ResourceName, RequestId, Holder, LeaseId};
+//! use fencer_coordinator::{AcquireCmd, Command, LockState, LogCommand, Outcome, ResourceName, RequestId, Holder, LeaseId};
 //!
 //! let mut state = LockState::new();
 //! let acquire = LogCommand {
 //!     at_ms: 0,
-//!     cmd: Command::Acquire {
+//!     cmd: Command::Acquire(AcquireCmd {
 //!         request_id: RequestId::new("attempt-0001").unwrap(),
 //!         resource: ResourceName::new("orders/42").unwrap(),
 //!         holder: Holder::new("worker-1").unwrap(),
@@ -50,7 +50,7 @@
 //!         wait: false,
 //!         lease_id: LeaseId::from_u128(1),
 //!         max_waiters: 1024,
-//!     },
+//!     }),
 //! };
 //! // The fencing token is the index of the log entry that granted the lock.
 //! match state.apply(17, &acquire).outcome {
@@ -73,6 +73,7 @@ mod metrics;
 mod network;
 mod node;
 mod policy;
+mod raft;
 mod server;
 mod service;
 mod signing;
@@ -93,17 +94,18 @@ pub use self::hot::{DEFAULT_HOT_CAPACITY, HOT_HALF_LIFE, HotOrder, HotResource, 
 pub use self::lease_clock::{LeaseClock, Overdue};
 pub use self::log_level::{LogControl, LogControlHandle};
 pub use self::metrics::{Metrics, OPS, OUTCOMES};
-pub use self::network::{FaultAction, Faults, RaftHandle};
+pub use self::network::{FaultAction, Faults};
 pub use self::node::{MAX_REQUEST_BYTES, Node, NodeConfig, StartError};
 pub use self::policy::Policy;
+pub use self::raft::{RaftHandle, TypeConfig};
 pub use self::service::{
     AcquireRequest, ForceReleased, Granted, Health, LockError, LockService, LockView, MemberView, Released, Renewed,
     StatusView,
 };
 pub use self::signing::{SIGNING_DIR, SigningKeyError, SigningKeyView, key_set};
 pub use self::state_machine::{
-    Applied, CancelOutcome, Changes, Command, DedupOutcome, DedupRecord, EndReason, EndedLease, Event, Grant,
-    KeyChange, KeyRefusal, LockRecord, LockState, LogCommand, Outcome, Quota, QuotaLimit, Rejection, RequestKey,
+    AcquireCmd, Applied, CancelOutcome, Changes, Command, DedupOutcome, DedupRecord, EndReason, EndedLease, Event,
+    Grant, KeyChange, KeyRefusal, LockRecord, LockState, LogCommand, Outcome, Quota, QuotaLimit, Rejection, RequestKey,
     ResourceHash, ResourceState, SigningKeyRecord, Waiter, current_signing_key,
 };
 pub use self::store::{
@@ -115,6 +117,6 @@ pub use self::tls::{
 };
 pub use self::types::{
     AuditText, FencingToken, Holder, InvalidField, LeaseId, MAX_AUDIT_TEXT_LEN, MAX_HOLDER_LEN, MAX_REQUEST_ID_LEN,
-    MAX_RESOURCE_LEN, MIN_REQUEST_ID_LEN, NodeId, RequestId, ResourceName, TypeConfig,
+    MAX_RESOURCE_LEN, MIN_REQUEST_ID_LEN, NodeId, RequestId, ResourceName,
 };
 pub use self::waiters::{ParkedCalls, Wake};

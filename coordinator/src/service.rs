@@ -15,13 +15,12 @@ use crate::hot::{HotOrder, HotResource, HotResources, HotTracker};
 use crate::lease_clock::LeaseClock;
 use crate::log_level::LogControlHandle;
 use crate::metrics::{HealthGauges, Metrics};
-use crate::network::RaftHandle;
 use crate::policy::Policy;
-use crate::state_machine::{CancelOutcome, Command, Grant, LogCommand, Outcome, Rejection};
+use crate::raft::{RaftHandle, TypeConfig};
+use crate::state_machine::{AcquireCmd, CancelOutcome, Command, Grant, LogCommand, Outcome, Rejection};
 use crate::store::StateMachineStore;
 use crate::types::{
-    AuditText, FencingToken, Holder, InvalidField, LeaseId, NodeId, RequestId, ResourceName, TypeConfig,
-    check_resource_chars,
+    AuditText, FencingToken, Holder, InvalidField, LeaseId, NodeId, RequestId, ResourceName, check_resource_chars,
 };
 use crate::waiters::{ParkedCalls, Wake};
 
@@ -428,27 +427,18 @@ impl LockService {
         let wait = policy.wait(req.wait_timeout_ms)?;
         self.ensure_leader()?;
         let lease_id = LeaseId::random().map_err(|e| LockError::Internal(format!("random lease id: {e}")))?;
-        let (ttl_ms, max_waiters) = (ttl.as_millis() as u64, policy.max_waiters_per_resource);
+        let acquire = AcquireCmd {
+            request_id: request_id.clone(),
+            resource: resource.clone(),
+            holder,
+            ttl_ms: ttl.as_millis() as u64,
+            wait: !wait.is_zero(),
+            lease_id,
+            max_waiters: policy.max_waiters_per_resource,
+        };
         let cmd = match req.quota {
-            None => Command::Acquire {
-                request_id: request_id.clone(),
-                resource: resource.clone(),
-                holder,
-                ttl_ms,
-                wait: !wait.is_zero(),
-                lease_id,
-                max_waiters,
-            },
-            Some(quota) => Command::AcquireInQuota {
-                request_id: request_id.clone(),
-                resource: resource.clone(),
-                holder,
-                ttl_ms,
-                wait: !wait.is_zero(),
-                lease_id,
-                max_waiters,
-                quota,
-            },
+            None => Command::Acquire(acquire),
+            Some(quota) => Command::AcquireInQuota { acquire, quota },
         };
         if wait.is_zero() {
             return match self.propose(cmd).await? {

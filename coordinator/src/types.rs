@@ -1,5 +1,5 @@
 //! Validated newtypes used at every API edge: [`ResourceName`], [`RequestId`],
-//! [`LeaseId`], [`FencingToken`], [`Holder`], and the raft type configuration.
+//! [`LeaseId`], [`FencingToken`], [`Holder`], [`AuditText`], and [`NodeId`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -363,13 +363,6 @@ impl fmt::Display for AuditText {
         f.write_str(&self.0)
     }
 }
-
-openraft::declare_raft_types!(
-    /// The raft type configuration of fencer's coordinator.
-    pub TypeConfig:
-        D = crate::state_machine::LogCommand,
-        R = crate::state_machine::Outcome,
-);
 
 /// A raft node id.
 pub type NodeId = u64;

@@ -37,8 +37,9 @@ use super::codec::{decode, encode, io_err};
 use crate::audit::{AuditLog, AuditRecord, records_for};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
+use crate::raft::TypeConfig;
 use crate::state_machine::{Applied, Changes, LockState, LogCommand, Outcome, RequestKey};
-use crate::types::{LeaseId, RequestId, ResourceName, TypeConfig};
+use crate::types::{LeaseId, RequestId, ResourceName};
 use fencer_token::KeyId;
 
 type LogIdT = LogId<openraft::alias::CommittedLeaderIdOf<TypeConfig>>;
@@ -888,13 +889,7 @@ fn apply_in_memory(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<(V
                         log_index = index,
                         op = cmd.cmd.name(),
                         resource = cmd.cmd.resource().map(|r| r.as_str()),
-                        request_id = match &cmd.cmd {
-                            crate::state_machine::Command::Acquire { request_id, .. }
-                            | crate::state_machine::Command::AcquireInQuota { request_id, .. } => {
-                                Some(request_id.as_str())
-                            }
-                            _ => None,
-                        },
+                        request_id = cmd.cmd.acquire().map(|a| a.request_id.as_str()),
                         outcome = applied.outcome.name(),
                         "applied"
                     );
@@ -1150,7 +1145,7 @@ mod tests {
     use tempfile::TempDir;
 
     use super::*;
-    use crate::state_machine::Command;
+    use crate::state_machine::{AcquireCmd, Command};
     use crate::store::{SNAPSHOT_DIR, STATE_FILE};
 
     fn open(dir: &Path) -> StateMachineStore {
@@ -1233,7 +1228,7 @@ mod tests {
     }
 
     fn acquire_cmd() -> Command {
-        Command::Acquire {
+        Command::Acquire(AcquireCmd {
             request_id: RequestId::new("request-0001").unwrap(),
             resource: ResourceName::new("orders/1").unwrap(),
             holder: crate::types::Holder::new("h").unwrap(),
@@ -1241,7 +1236,7 @@ mod tests {
             wait: false,
             lease_id: LeaseId::from_u128(7),
             max_waiters: 8,
-        }
+        })
     }
 
     /// The one acquire's retry still finds its record (I7).
@@ -1360,7 +1355,7 @@ mod tests {
             resource: ResourceName::new("orders/1").unwrap(),
             lease_id: LeaseId::from_u128(7),
         });
-        cmds.push(Command::Acquire {
+        cmds.push(Command::Acquire(AcquireCmd {
             request_id: RequestId::new("request-0002").unwrap(),
             resource: ResourceName::new("orders/2").unwrap(),
             holder: crate::types::Holder::new("h").unwrap(),
@@ -1368,7 +1363,7 @@ mod tests {
             wait: false,
             lease_id: LeaseId::from_u128(u128::MAX - 1),
             max_waiters: 8,
-        });
+        }));
         let entries: Vec<_> = cmds.into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
         sm.apply(stream::iter(entries.into_iter().map(|e| Ok((e, None))))).await.unwrap();
         let built = sm.build_snapshot().await.unwrap();
