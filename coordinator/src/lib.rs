@@ -10,9 +10,24 @@
 //! log of the changes it applies (`docs/operations.md`).
 //!
 //! # Layout
+//! - `raft` — the openraft type configuration ([`TypeConfig`]) and
+//!   [`RaftHandle`], declared once at the root.
+//! - `types` — the validated newtypes of the API edges ([`ResourceName`],
+//!   [`RequestId`], [`LeaseId`], [`FencingToken`], [`Holder`]).
 //! - `state_machine` — the pure, deterministic [`LockState::apply`] of every
-//!   command, with a proptest reference model.
-//! - `store` — openraft's log and state-machine storage on redb (group commit).
+//!   command, with a proptest reference model: `command` (the log entry),
+//!   `outcome` (what apply answers and reports), `record` (what the state
+//!   holds).
+//!   - **the FIFO queue** of a lock: [`ResourceState`]`::waiters`; `apply`
+//!     promotes its head when the lease ends, with that entry's index as
+//!     the token.
+//!   - **request-id dedup** (I7): [`DedupRecord`]s keyed by [`RequestKey`];
+//!     a retried acquire is answered from them, `PruneDedup` forgets them.
+//! - `store` — openraft's log and state-machine storage on redb (group
+//!   commit): `log_store`, `sm_store` (the `RaftStateMachine`), `persister`
+//!   (the thread that writes the state file), `tables`.
+//!   - **snapshots**: `store::snapshot` — formats and their migration,
+//!     building, installing, the snapshot files.
 //! - `network` — the raft transport over gRPC, with a fault-injection hook.
 //! - `bootstrap` — identity of a data dir, forming and joining a cluster.
 //! - `leadership` — the leader's life cycle: take over inherited leases,
@@ -26,10 +41,13 @@
 //! - `clock` — the only place time is read.
 //! - `waiters` — parked Acquire calls; promotion wakes exactly one.
 //! - `policy` — every request bound.
-//! - `service` — the lock operations and their error type [`LockError`].
+//! - `service` — [`LockService`] and its error type [`LockError`]: `locks`
+//!   (acquire and its wait, renew, release, get, list), `status` (status,
+//!   health, hot resources, membership), `keys` (signing-key operations).
 //! - `signing` — this node's token-signing keys (P7): kept in the data dir,
 //!   registered through the log, used to sign every grant.
-//! - `api` — gRPC and JSON front ends; the one error→status mapping.
+//! - `api` — gRPC and JSON front ends: `call` (what both do around a call),
+//!   `grpc`, `http`, and `errors`, the one error→status mapping.
 //! - `node` — assembling it all, bootstrap, leader duties, shutdown.
 //! - `metrics` — Prometheus metrics.
 //! - `audit` — the audit log: one JSON line per applied change, exactly once.
