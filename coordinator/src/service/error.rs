@@ -1,5 +1,7 @@
 //! [`LockError`]: why a lock operation did not succeed.
 
+use fencer_token::{LeaseIdError, ResourceNameError};
+
 use crate::types::{FencingToken, InvalidField, NodeId};
 
 /// Why a lock operation did not succeed. Keeps "refused" (the request was
@@ -129,5 +131,19 @@ impl LockError {
             Self::NotLeader { .. } | Self::NoQuorum | Self::LeaderChanged | Self::ShuttingDown => "unavailable",
             Self::Unknown(_) | Self::Internal(_) => "unknown",
         }
+    }
+}
+
+/// A refused resource name in a request (field `resource`).
+impl From<ResourceNameError> for LockError {
+    fn from(e: ResourceNameError) -> Self {
+        Self::Invalid(e.into())
+    }
+}
+
+/// A refused lease id in a request (field `lease_id`).
+impl From<LeaseIdError> for LockError {
+    fn from(e: LeaseIdError) -> Self {
+        Self::Invalid(e.into())
     }
 }
