@@ -19,7 +19,7 @@ use crate::client::Client;
 use crate::clock::{self, Instant};
 use crate::error::{ClientError, Reason};
 use crate::renewal::{self, ClientRenewer, Timing};
-use crate::types::{FencingToken, LeaseId};
+use fencer_token::{FencingToken, LeaseId};
 
 /// How long the best-effort release of a dropped or expired lease may take.
 pub(crate) const BACKGROUND_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -295,7 +295,7 @@ pub(crate) async fn release_lease(
     resource: &str,
     lease_id: &LeaseId,
 ) -> Result<Released, ReleaseError> {
-    match client.release(resource, lease_id.as_str()).await {
+    match client.release(resource, &lease_id.to_string()).await {
         Ok(r) => Ok(Released { was_holder: r.was_holder }),
         Err(e) => match e.reason() {
             Some(Reason::NotHolder | Reason::LeaseExpired) if !e.is_unavailable() => Ok(Released { was_holder: false }),
@@ -356,7 +356,7 @@ impl Lease {
     pub(crate) fn start(client: Client, core: LeaseCore) -> Self {
         let core = Arc::new(core);
         let stop = CancellationToken::new();
-        let renewer = ClientRenewer::new(client.clone(), core.resource.clone(), core.lease_id.clone());
+        let renewer = ClientRenewer::new(client.clone(), core.resource.clone(), core.lease_id);
         let task = tokio::spawn(renewal::run(core.clone(), renewer, stop.clone()));
         Self { core, client, stop, task: Some(task), released: false }
     }
@@ -472,7 +472,7 @@ impl Drop for Lease {
         // A lease the server ended needs no release; one that passed its
         // deadline was released by the renewal task already.
         if !before.is_lost() {
-            release_in_background(self.client.clone(), self.core.resource.clone(), self.core.lease_id.clone());
+            release_in_background(self.client.clone(), self.core.resource.clone(), self.core.lease_id);
         }
     }
 }

@@ -29,7 +29,8 @@
 //! - `acquire_all` — ordered multi-lock acquisition, [`LeaseSet`].
 //! - `stamp` — the tower layer, [`Stamp`], [`PlainToken`] and [`SignedStamp`].
 //! - `clock` — the only place time and timing randomness are read.
-//! - `types` — [`FencingToken`], [`LeaseId`].
+//! - [`FencingToken`], [`LeaseId`] — fencer-token's, the nouns every fencer
+//!   crate shares.
 //! - `error` — [`ClientError`] and [`Reason`], decoded from `google.rpc.ErrorInfo`.
 //!
 //! ```no_run
@@ -67,7 +68,6 @@ mod error;
 mod lease;
 mod renewal;
 mod stamp;
-mod types;
 
 pub use self::acquire::{AcquireBuilder, AcquireError, DEFAULT_RETRY_BUDGET, Grant};
 pub use self::acquire_all::{AcquireAll, AcquireAllError, LeaseSet};
@@ -79,8 +79,8 @@ pub use self::stamp::{
     Claim, FENCING_RESOURCE_HEADER, FENCING_TOKEN_HEADER, PlainToken, SignedStamp, Stamp, StampError, StampLayer,
     Stamped, StampedError, StampedFuture,
 };
-pub use self::types::{FencingToken, LeaseId};
 pub use fencer_proto::v1::{
     AcquireResponse, ForceReleaseResponse, GetLockResponse, ListLocksResponse, ListSigningKeysResponse, NodeStatus,
     ReleaseResponse, RenewResponse, RetireSigningKeyResponse, RotateSigningKeyResponse, SigningKey, StatusResponse,
 };
+pub use fencer_token::{FencingToken, LeaseId};

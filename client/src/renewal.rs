@@ -26,7 +26,7 @@ use crate::client::Client;
 use crate::clock::{self, Instant, jitter};
 use crate::error::{ClientError, Reason};
 use crate::lease::{LeaseCore, LeaseState, LostReason, release_in_background};
-use crate::types::LeaseId;
+use fencer_token::LeaseId;
 
 /// Spread of the renewal interval (±10 %).
 const RENEW_JITTER: f64 = 0.1;
@@ -99,12 +99,12 @@ impl ClientRenewer {
 
 impl Renewer for ClientRenewer {
     async fn renew(&self) -> Result<Duration, ClientError> {
-        let r = self.client.renew(&self.resource, self.lease_id.as_str()).await?;
+        let r = self.client.renew(&self.resource, &self.lease_id.to_string()).await?;
         Ok(Duration::from_millis(r.ttl_ms))
     }
 
     fn release_in_background(&self) {
-        release_in_background(self.client.clone(), self.resource.clone(), self.lease_id.clone());
+        release_in_background(self.client.clone(), self.resource.clone(), self.lease_id);
     }
 }
 
@@ -198,7 +198,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::lease::Times;
-    use crate::types::FencingToken;
+    use fencer_token::FencingToken;
 
     #[derive(Clone)]
     pub(crate) enum Answer {
@@ -271,7 +271,7 @@ pub(crate) mod tests {
         let times = Times { deadline: timing.deadline_from(granted_at), next_due: granted_at + timing.interval };
         Arc::new(LeaseCore::new(
             "orders/42".into(),
-            LeaseId::new("0123456789abcdef0123456789abcdef".into()),
+            "0123456789abcdef0123456789abcdef".parse().unwrap(),
             FencingToken(7),
             "request-0001".into(),
             timing,

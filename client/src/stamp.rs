@@ -29,7 +29,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request};
 use tower::{Layer, Service};
 
 use crate::lease::{LeaseHandle, LeaseState};
-use crate::types::FencingToken;
+use fencer_token::FencingToken;
 
 /// The header carrying the fencing token (what `fencer proxy` reads).
 pub const FENCING_TOKEN_HEADER: HeaderName = HeaderName::from_static("fencing-token");
