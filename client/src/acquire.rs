@@ -31,8 +31,7 @@ use tokio::time::{sleep, timeout_at};
 use crate::client::{Client, default_holder, new_request_id};
 use crate::clock::{self, Instant, backoff};
 use crate::error::{ClientError, Reason};
-use crate::lease::{Lease, LeaseCore, Times, release_in_background};
-use crate::renewal::Timing;
+use crate::lease::{Lease, LeaseCore, Times, Timing, release_in_background};
 use fencer_token::{FencingToken, LeaseId};
 
 /// How long unknown outcomes are retried when the caller does not wait.

@@ -15,7 +15,7 @@
 //! - [`StampLayer`] stamps `Fencing-Token` on outgoing HTTP requests and
 //!   refuses to send them unless the lease is Held; with
 //!   [`Lease::signed_stamp_layer`] it sends the token the coordinator signed
-//!   ([`Lease::signed_token`], DESIGN P7) for proxies that verify signatures.
+//!   ([`LeaseHandle::signed_token`], DESIGN P7) for proxies that verify signatures.
 //!
 //! The guide is `docs/client.md` in the repository.
 //!
@@ -23,9 +23,10 @@
 //! - `client` — [`Client`]: endpoints, leader discovery, one call per operation.
 //! - `acquire` — [`AcquireBuilder`]: retries with a stable request id, the
 //!   first deadline, [`AcquireError`].
-//! - `lease` — [`Lease`], [`LeaseHandle`], [`LeaseState`], release and
-//!   release-on-drop.
-//! - `renewal` — the renewal task and its timing.
+//! - `lease` — [`Lease`] and [`LeaseHandle`] (the views of a lease, once),
+//!   and inside it `state` ([`LeaseState`], [`LostReason`]), `renewal` (the
+//!   renewal task and its timing) and `release` (release and
+//!   release-on-drop).
 //! - `acquire_all` — ordered multi-lock acquisition, [`LeaseSet`].
 //! - `stamp` — the tower layer, [`Stamp`], [`PlainToken`] and [`SignedStamp`].
 //! - `clock` — the only place time and timing randomness are read.
@@ -66,7 +67,6 @@ mod client;
 mod clock;
 mod error;
 mod lease;
-mod renewal;
 mod stamp;
 
 pub use self::acquire::{AcquireBuilder, AcquireError, DEFAULT_RETRY_BUDGET, Grant};
