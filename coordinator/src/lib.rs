@@ -12,8 +12,10 @@
 //! # Layout
 //! - `raft` — the openraft type configuration ([`TypeConfig`]) and
 //!   [`RaftHandle`], declared once at the root.
-//! - `types` — the validated newtypes of the API edges ([`ResourceName`],
-//!   [`RequestId`], [`LeaseId`], [`FencingToken`], [`Holder`]).
+//! - `types` — the validated newtypes of the API edges ([`RequestId`],
+//!   [`Holder`], [`AuditText`]) and [`InvalidField`]; [`ResourceName`],
+//!   [`LeaseId`] and [`FencingToken`] are `fencer_token`'s, shared by every
+//!   crate.
 //! - `state_machine` — the pure, deterministic [`LockState::apply`] of every
 //!   command, with a proptest reference model: `command` (the log entry),
 //!   `outcome` (what apply answers and reports), `record` (what the state
