@@ -58,7 +58,7 @@ async fn main() -> anyhow::Result<()> {
                     }
                 };
                 let t1 = Instant::now();
-                if client.release(&resource, lease.lease_id.as_str()).await.is_err() {
+                if client.release(&resource, &lease.lease_id.to_string()).await.is_err() {
                     errors += 1;
                     continue;
                 }

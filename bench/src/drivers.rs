@@ -156,7 +156,7 @@ impl FencerDriver {
             .grant()
             .await
             .map_err(|e| fencer_error(e.client_error().clone()))?;
-        Ok(LeaseToken::Fencer(grant.lease_id.as_str().into()))
+        Ok(LeaseToken::Fencer(grant.lease_id.to_string().into()))
     }
 
     async fn renew(&self, resource: &str, lease_id: &str) -> Result<(), OpError> {

@@ -31,9 +31,8 @@ use tokio::time::{sleep, timeout_at};
 use crate::client::{Client, default_holder, new_request_id};
 use crate::clock::{self, Instant, backoff};
 use crate::error::{ClientError, Reason};
-use crate::lease::{Lease, LeaseCore, Times, release_in_background};
-use crate::renewal::Timing;
-use crate::types::{FencingToken, LeaseId};
+use crate::lease::{Lease, LeaseCore, Times, Timing, release_in_background};
+use fencer_token::{FencingToken, LeaseId};
 
 /// How long unknown outcomes are retried when the caller does not wait.
 pub const DEFAULT_RETRY_BUDGET: Duration = Duration::from_secs(10);
@@ -107,10 +106,18 @@ pub struct Grant {
 }
 
 impl Grant {
-    fn from_response(r: AcquireResponse, request_id: String, first_sent: Instant) -> Self {
-        Self {
+    /// The grant in an answer; an answer whose lease id is not one (a
+    /// server that breaks the protocol) counts as no answer: the retry with
+    /// the same request id may reach one that answers properly.
+    fn from_response(r: AcquireResponse, request_id: String, first_sent: Instant) -> Result<Self, ClientError> {
+        let lease_id = r.lease_id.parse::<LeaseId>().map_err(|e| ClientError::Unavailable {
+            reason: None,
+            message: format!("the server answered with a malformed lease id: {e}"),
+            metadata: Default::default(),
+        })?;
+        Ok(Self {
             resource: r.resource,
-            lease_id: LeaseId::new(r.lease_id),
+            lease_id,
             token: FencingToken(r.fencing_token),
             ttl: Duration::from_millis(r.ttl_ms),
             expires_at_unix_ms: r.expires_at_unix_ms,
@@ -118,7 +125,7 @@ impl Grant {
             request_id: if r.request_id.is_empty() { request_id } else { r.request_id },
             signed_token: (!r.signed_token.is_empty()).then_some(r.signed_token),
             first_sent,
-        }
+        })
     }
 }
 
@@ -291,7 +298,10 @@ impl AcquireBuilder {
                 }),
             };
             let error = match result {
-                Ok(resp) => return Step::Granted(Grant::from_response(resp, request_id.to_string(), first_sent)),
+                Ok(resp) => match Grant::from_response(resp, request_id.to_string(), first_sent) {
+                    Ok(grant) => return Step::Granted(grant),
+                    Err(e) => e,
+                },
                 Err(e) => e,
             };
             match &error {
@@ -335,15 +345,19 @@ impl AcquireBuilder {
             let mut attempt = 0u32;
             loop {
                 let sent = clock::now();
-                let result =
-                    match timeout_at(confirm_end, self.client.renew(&grant.resource, grant.lease_id.as_str())).await {
-                        Ok(r) => r,
-                        Err(_) => Err(ClientError::Unavailable {
-                            reason: None,
-                            message: "the confirming renewal did not answer in time".into(),
-                            metadata: Default::default(),
-                        }),
-                    };
+                let result = match timeout_at(
+                    confirm_end,
+                    self.client.renew(&grant.resource, &grant.lease_id.to_string()),
+                )
+                .await
+                {
+                    Ok(r) => r,
+                    Err(_) => Err(ClientError::Unavailable {
+                        reason: None,
+                        message: "the confirming renewal did not answer in time".into(),
+                        metadata: Default::default(),
+                    }),
+                };
                 match result {
                     Ok(r) => {
                         let ttl = Duration::from_millis(r.ttl_ms).min(timing.ttl);
@@ -359,13 +373,13 @@ impl AcquireBuilder {
                         attempt += 1;
                         let pause = backoff(attempt, BACKOFF_BASE, BACKOFF_CAP);
                         if clock::now() + pause >= confirm_end {
-                            release_in_background(self.client.clone(), grant.resource.clone(), grant.lease_id.clone());
+                            release_in_background(self.client.clone(), grant.resource.clone(), grant.lease_id);
                             return Err(Some(AcquireError::Unavailable { request_id: grant.request_id, error: e }));
                         }
                         sleep(pause).await;
                     }
                     Err(e) => {
-                        release_in_background(self.client.clone(), grant.resource.clone(), grant.lease_id.clone());
+                        release_in_background(self.client.clone(), grant.resource.clone(), grant.lease_id);
                         return Err(Some(AcquireError::Refused(e)));
                     }
                 }

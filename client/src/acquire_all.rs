@@ -161,7 +161,7 @@ impl LeaseSet {
 
     /// Whether every lease is Held now.
     pub fn is_held(&self) -> bool {
-        self.leases.iter().all(Lease::is_held)
+        self.leases.iter().all(|l| l.is_held())
     }
 
     /// Resolves when the first lease is lost: (its resource, why).

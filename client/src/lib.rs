@@ -15,7 +15,7 @@
 //! - [`StampLayer`] stamps `Fencing-Token` on outgoing HTTP requests and
 //!   refuses to send them unless the lease is Held; with
 //!   [`Lease::signed_stamp_layer`] it sends the token the coordinator signed
-//!   ([`Lease::signed_token`], DESIGN P7) for proxies that verify signatures.
+//!   ([`LeaseHandle::signed_token`], DESIGN P7) for proxies that verify signatures.
 //!
 //! The guide is `docs/client.md` in the repository.
 //!
@@ -23,13 +23,15 @@
 //! - `client` — [`Client`]: endpoints, leader discovery, one call per operation.
 //! - `acquire` — [`AcquireBuilder`]: retries with a stable request id, the
 //!   first deadline, [`AcquireError`].
-//! - `lease` — [`Lease`], [`LeaseHandle`], [`LeaseState`], release and
-//!   release-on-drop.
-//! - `renewal` — the renewal task and its timing.
+//! - `lease` — [`Lease`] and [`LeaseHandle`] (the views of a lease, once),
+//!   and inside it `state` ([`LeaseState`], [`LostReason`]), `renewal` (the
+//!   renewal task and its timing) and `release` (release and
+//!   release-on-drop).
 //! - `acquire_all` — ordered multi-lock acquisition, [`LeaseSet`].
 //! - `stamp` — the tower layer, [`Stamp`], [`PlainToken`] and [`SignedStamp`].
 //! - `clock` — the only place time and timing randomness are read.
-//! - `types` — [`FencingToken`], [`LeaseId`].
+//! - [`FencingToken`], [`LeaseId`] — fencer-token's, the nouns every fencer
+//!   crate shares.
 //! - `error` — [`ClientError`] and [`Reason`], decoded from `google.rpc.ErrorInfo`.
 //!
 //! ```no_run
@@ -65,9 +67,7 @@ mod client;
 mod clock;
 mod error;
 mod lease;
-mod renewal;
 mod stamp;
-mod types;
 
 pub use self::acquire::{AcquireBuilder, AcquireError, DEFAULT_RETRY_BUDGET, Grant};
 pub use self::acquire_all::{AcquireAll, AcquireAllError, LeaseSet};
@@ -79,8 +79,8 @@ pub use self::stamp::{
     Claim, FENCING_RESOURCE_HEADER, FENCING_TOKEN_HEADER, PlainToken, SignedStamp, Stamp, StampError, StampLayer,
     Stamped, StampedError, StampedFuture,
 };
-pub use self::types::{FencingToken, LeaseId};
 pub use fencer_proto::v1::{
     AcquireResponse, ForceReleaseResponse, GetLockResponse, ListLocksResponse, ListSigningKeysResponse, NodeStatus,
     ReleaseResponse, RenewResponse, RetireSigningKeyResponse, RotateSigningKeyResponse, SigningKey, StatusResponse,
 };
+pub use fencer_token::{FencingToken, LeaseId};

@@ -28,8 +28,8 @@ use std::task::{Context, Poll};
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 use tower::{Layer, Service};
 
-use crate::lease::{LeaseHandle, LeaseState};
-use crate::types::FencingToken;
+use crate::lease::{Lease, LeaseHandle, LeaseState};
+use fencer_token::FencingToken;
 
 /// The header carrying the fencing token (what `fencer proxy` reads).
 pub const FENCING_TOKEN_HEADER: HeaderName = HeaderName::from_static("fencing-token");
@@ -118,7 +118,7 @@ impl SignedStamp {
     }
 
     /// The signed token the coordinator issued with `lease`'s grant; fails
-    /// when the grant carried none (see [`crate::Lease::signed_token`]).
+    /// when the grant carried none (see [`crate::LeaseHandle::signed_token`]).
     pub fn for_lease(lease: &LeaseHandle) -> Result<Self, StampError> {
         let token = lease.signed_token().ok_or_else(|| {
             StampError(format!(
@@ -193,6 +193,24 @@ impl<S> Layer<S> for StampLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         Stamped { inner, lease: self.lease.clone(), stamp: self.stamp.clone() }
+    }
+}
+
+/// The stamping layers of a lease (here rather than in `lease`, which
+/// knows nothing of HTTP).
+impl Lease {
+    /// A tower layer that stamps this lease's token on HTTP requests and
+    /// refuses to send them unless the lease is Held.
+    pub fn stamp_layer(&self) -> StampLayer {
+        StampLayer::new(self.handle())
+    }
+
+    /// A tower layer that stamps this lease's signed token (see
+    /// [`SignedStamp::for_lease`]); fails when the grant carried none.
+    pub fn signed_stamp_layer(&self) -> Result<StampLayer, StampError> {
+        let handle = self.handle();
+        let stamp = SignedStamp::for_lease(&handle)?;
+        Ok(StampLayer::new(handle).with_stamp(stamp))
     }
 }
 
@@ -326,8 +344,8 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+    use crate::lease::test_core as core;
     use crate::lease::{LeaseHandle, LostReason};
-    use crate::renewal::tests::core;
 
     type Seen = Arc<Mutex<Vec<HeaderMap>>>;
 

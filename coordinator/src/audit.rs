@@ -52,7 +52,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::Metrics;
-use crate::state_machine::{Applied, Command, EndReason, Event, LogCommand, Outcome};
+use crate::state_machine::{AcquireCmd, Applied, Command, EndReason, Event, LogCommand, Outcome};
 
 /// Name of the audit dir inside a data dir (the default audit location).
 pub const AUDIT_DIR: &str = "audit";
@@ -362,9 +362,7 @@ pub(crate) fn records_for(
                 let mut r = AuditRecord::new(index, time(), AuditOp::Acquire, AuditOutcome::Queued);
                 r.resource = Some(resource.to_string());
                 r.request_id = Some(request_id.to_string());
-                if let Command::Acquire { holder, lease_id, ttl_ms, .. }
-                | Command::AcquireInQuota { holder, lease_id, ttl_ms, .. } = &entry.cmd
-                {
+                if let Some(AcquireCmd { holder, lease_id, ttl_ms, .. }) = entry.cmd.acquire() {
                     r.lease_id = Some(lease_id.to_string());
                     r.holder = Some(holder.to_string());
                     r.ttl_ms = Some(*ttl_ms);
@@ -704,7 +702,7 @@ mod tests {
     }
 
     fn acquire(id: &str, holder: &str, wait: bool, lease: u128) -> Command {
-        Command::Acquire {
+        Command::Acquire(AcquireCmd {
             request_id: RequestId::new(id).unwrap(),
             resource: ResourceName::new("orders/42").unwrap(),
             holder: Holder::new(holder).unwrap(),
@@ -712,7 +710,7 @@ mod tests {
             wait,
             lease_id: LeaseId::from_u128(lease),
             max_waiters: 8,
-        }
+        })
     }
 
     /// Applies `entries` from index 1 and returns every record with its index.

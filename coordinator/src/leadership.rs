@@ -36,9 +36,10 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::clock::Clock;
 use crate::lease_clock::LeaseClock;
+use crate::raft::TypeConfig;
 use crate::service::{LockError, LockService, write_error};
 use crate::state_machine::{Command, LogCommand, Outcome};
-use crate::types::{LeaseId, TypeConfig};
+use crate::types::LeaseId;
 use crate::waiters::ParkedCalls;
 
 /// How often the leader looks for overdue leases and unclaimed slots.

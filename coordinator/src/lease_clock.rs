@@ -129,7 +129,7 @@ impl LeaseClock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state_machine::{Command, LogCommand};
+    use crate::state_machine::{AcquireCmd, Command, LogCommand};
     use crate::types::{Holder, RequestId};
 
     #[tokio::test(start_paused = true)]
@@ -154,7 +154,7 @@ mod tests {
             5,
             &LogCommand {
                 at_ms: 0,
-                cmd: Command::Acquire {
+                cmd: Command::Acquire(AcquireCmd {
                     request_id: RequestId::new("request-1").unwrap(),
                     resource: ResourceName::new("a").unwrap(),
                     holder: Holder::default(),
@@ -162,7 +162,7 @@ mod tests {
                     wait: false,
                     lease_id: lease,
                     max_waiters: 1,
-                },
+                }),
             },
         );
         let c = LeaseClock::new(Clock);

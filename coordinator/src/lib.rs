@@ -10,9 +10,26 @@
 //! log of the changes it applies (`docs/operations.md`).
 //!
 //! # Layout
+//! - `raft` — the openraft type configuration ([`TypeConfig`]) and
+//!   [`RaftHandle`], declared once at the root.
+//! - `types` — the validated newtypes of the API edges ([`RequestId`],
+//!   [`Holder`], [`AuditText`]) and [`InvalidField`]; [`ResourceName`],
+//!   [`LeaseId`] and [`FencingToken`] are `fencer_token`'s, shared by every
+//!   crate.
 //! - `state_machine` — the pure, deterministic [`LockState::apply`] of every
-//!   command, with a proptest reference model.
-//! - `store` — openraft's log and state-machine storage on redb (group commit).
+//!   command, with a proptest reference model: `command` (the log entry),
+//!   `outcome` (what apply answers and reports), `record` (what the state
+//!   holds).
+//!   - **the FIFO queue** of a lock: [`ResourceState`]`::waiters`; `apply`
+//!     promotes its head when the lease ends, with that entry's index as
+//!     the token.
+//!   - **request-id dedup** (I7): [`DedupRecord`]s keyed by [`RequestKey`];
+//!     a retried acquire is answered from them, `PruneDedup` forgets them.
+//! - `store` — openraft's log and state-machine storage on redb (group
+//!   commit): `log_store`, `sm_store` (the `RaftStateMachine`), `persister`
+//!   (the thread that writes the state file), `tables`.
+//!   - **snapshots**: `store::snapshot` — formats and their migration,
+//!     building, installing, the snapshot files.
 //! - `network` — the raft transport over gRPC, with a fault-injection hook.
 //! - `bootstrap` — identity of a data dir, forming and joining a cluster.
 //! - `leadership` — the leader's life cycle: take over inherited leases,
@@ -26,10 +43,13 @@
 //! - `clock` — the only place time is read.
 //! - `waiters` — parked Acquire calls; promotion wakes exactly one.
 //! - `policy` — every request bound.
-//! - `service` — the lock operations and their error type [`LockError`].
+//! - `service` — [`LockService`] and its error type [`LockError`]: `locks`
+//!   (acquire and its wait, renew, release, get, list), `status` (status,
+//!   health, hot resources, membership), `keys` (signing-key operations).
 //! - `signing` — this node's token-signing keys (P7): kept in the data dir,
 //!   registered through the log, used to sign every grant.
-//! - `api` — gRPC and JSON front ends; the one error→status mapping.
+//! - `api` — gRPC and JSON front ends: `call` (what both do around a call),
+//!   `grpc`, `http`, and `errors`, the one error→status mapping.
 //! - `node` — assembling it all, bootstrap, leader duties, shutdown.
 //! - `metrics` — Prometheus metrics.
 //! - `audit` — the audit log: one JSON line per applied change, exactly once.
@@ -37,12 +57,12 @@
 //! - `log_level` — changing the log filter at run time.
 //!
 //! ```
-//! use fencer_coordinator::{Command, LockState, LogCommand, Outcome, ResourceName, RequestId, Holder, LeaseId};
+//! use fencer_coordinator::{AcquireCmd, Command, LockState, LogCommand, Outcome, ResourceName, RequestId, Holder, LeaseId};
 //!
 //! let mut state = LockState::new();
 //! let acquire = LogCommand {
 //!     at_ms: 0,
-//!     cmd: Command::Acquire {
+//!     cmd: Command::Acquire(AcquireCmd {
 //!         request_id: RequestId::new("attempt-0001").unwrap(),
 //!         resource: ResourceName::new("orders/42").unwrap(),
 //!         holder: Holder::new("worker-1").unwrap(),
@@ -50,7 +70,7 @@
 //!         wait: false,
 //!         lease_id: LeaseId::from_u128(1),
 //!         max_waiters: 1024,
-//!     },
+//!     }),
 //! };
 //! // The fencing token is the index of the log entry that granted the lock.
 //! match state.apply(17, &acquire).outcome {
@@ -63,6 +83,8 @@ mod api;
 mod audit;
 mod bootstrap;
 mod clock;
+#[cfg(test)]
+mod golden;
 mod hot;
 mod leadership;
 mod lease_clock;
@@ -71,6 +93,7 @@ mod metrics;
 mod network;
 mod node;
 mod policy;
+mod raft;
 mod server;
 mod service;
 mod signing;
@@ -91,17 +114,18 @@ pub use self::hot::{DEFAULT_HOT_CAPACITY, HOT_HALF_LIFE, HotOrder, HotResource, 
 pub use self::lease_clock::{LeaseClock, Overdue};
 pub use self::log_level::{LogControl, LogControlHandle};
 pub use self::metrics::{Metrics, OPS, OUTCOMES};
-pub use self::network::{FaultAction, Faults, RaftHandle};
+pub use self::network::{FaultAction, Faults};
 pub use self::node::{MAX_REQUEST_BYTES, Node, NodeConfig, StartError};
 pub use self::policy::Policy;
+pub use self::raft::{RaftHandle, TypeConfig};
 pub use self::service::{
     AcquireRequest, ForceReleased, Granted, Health, LockError, LockService, LockView, MemberView, Released, Renewed,
     StatusView,
 };
 pub use self::signing::{SIGNING_DIR, SigningKeyError, SigningKeyView, key_set};
 pub use self::state_machine::{
-    Applied, CancelOutcome, Changes, Command, DedupOutcome, DedupRecord, EndReason, EndedLease, Event, Grant,
-    KeyChange, KeyRefusal, LockRecord, LockState, LogCommand, Outcome, Quota, QuotaLimit, Rejection, RequestKey,
+    AcquireCmd, Applied, CancelOutcome, Changes, Command, DedupOutcome, DedupRecord, EndReason, EndedLease, Event,
+    Grant, KeyChange, KeyRefusal, LockRecord, LockState, LogCommand, Outcome, Quota, QuotaLimit, Rejection, RequestKey,
     ResourceHash, ResourceState, SigningKeyRecord, Waiter, current_signing_key,
 };
 pub use self::store::{
@@ -113,6 +137,6 @@ pub use self::tls::{
 };
 pub use self::types::{
     AuditText, FencingToken, Holder, InvalidField, LeaseId, MAX_AUDIT_TEXT_LEN, MAX_HOLDER_LEN, MAX_REQUEST_ID_LEN,
-    MAX_RESOURCE_LEN, MIN_REQUEST_ID_LEN, NodeId, RequestId, ResourceName, TypeConfig,
+    MAX_RESOURCE_LEN, MIN_REQUEST_ID_LEN, NodeId, RequestId, ResourceName,
 };
 pub use self::waiters::{ParkedCalls, Wake};

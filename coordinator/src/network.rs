@@ -28,12 +28,10 @@ use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::bootstrap::ClusterId;
-use crate::store::{StateMachineStore, decode, encode};
+use crate::raft::{RaftHandle, TypeConfig};
+use crate::store::{decode, encode};
 use crate::tls::{ConnInfo, peer_endpoint};
-use crate::types::{NodeId, TypeConfig};
-
-/// The raft handle type of a coordinator node.
-pub type RaftHandle = openraft::Raft<TypeConfig, StateMachineStore>;
+use crate::types::NodeId;
 
 type Vote = <TypeConfig as openraft::RaftTypeConfig>::Vote;
 type Snapshot = openraft::alias::SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;

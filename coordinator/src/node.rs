@@ -27,11 +27,12 @@ use crate::leadership::{Duties, LeaderEvent, on_stop};
 use crate::lease_clock::LeaseClock;
 use crate::log_level::LogControlHandle;
 use crate::metrics::Metrics;
-use crate::network::{Faults, MAX_RAFT_MESSAGE, NetworkFactory, RaftHandle, RaftService};
+use crate::network::{Faults, MAX_RAFT_MESSAGE, NetworkFactory, RaftService};
 use crate::policy::Policy;
-use crate::service::{LockService, ServiceInner};
-use crate::signing::{NodeKeys, register_keys};
-use crate::state_machine::{Applied, Command, Event, Grant, LockState, LogCommand};
+use crate::raft::{RaftHandle, TypeConfig};
+use crate::service::{LockService, ServiceInner, register_keys};
+use crate::signing::NodeKeys;
+use crate::state_machine::{AcquireCmd, Applied, Event, Grant, LockState, LogCommand};
 use crate::store::{ApplyObserver, LOG_FILE, LogStore, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
 use crate::tenants::{Authenticator, Tenants};
 use crate::tls::{NodeTls, ServerTls, peer_client_tls};
@@ -218,7 +219,7 @@ struct NodeObserver {
 
 impl ApplyObserver for NodeObserver {
     fn on_applied(&self, index: u64, entry: &LogCommand, applied: &Applied) {
-        if let Command::Acquire { resource, .. } | Command::AcquireInQuota { resource, .. } = &entry.cmd
+        if let Some(AcquireCmd { resource, .. }) = entry.cmd.acquire()
             && !applied.events.iter().any(|e| matches!(e, Event::DedupHit { .. }))
         {
             self.hot.acquired(resource, self.clock.now());
@@ -281,7 +282,7 @@ pub struct Node {
     server: JoinHandle<()>,
     status_server: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
-    _leader_watch: openraft::raft::WatchChangeHandle<crate::types::TypeConfig>,
+    _leader_watch: openraft::raft::WatchChangeHandle<TypeConfig>,
 }
 
 fn data_dir_error(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {

@@ -1,13 +1,18 @@
-//! Validated newtypes used at every API edge: [`ResourceName`], [`RequestId`],
-//! [`LeaseId`], [`FencingToken`], [`Holder`], and the raft type configuration.
+//! Validated newtypes used at every API edge: [`RequestId`], [`Holder`],
+//! [`AuditText`], [`NodeId`], and the shared nouns of every fencer crate —
+//! [`ResourceName`], [`LeaseId`], [`FencingToken`] — defined once in
+//! `fencer_token` and re-exported here. [`InvalidField`] names the request
+//! field a refusal is about.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub use fencer_token::{FencingToken, LeaseId, ResourceName};
+use fencer_token::{LeaseIdError, ResourceNameError};
+
 /// Longest resource name, in bytes (DESIGN §2).
-pub const MAX_RESOURCE_LEN: usize = 256;
+pub const MAX_RESOURCE_LEN: usize = fencer_token::MAX_RESOURCE_BYTES;
 /// Shortest request id, in bytes (DESIGN §2).
 pub const MIN_REQUEST_ID_LEN: usize = 8;
 /// Longest request id, in bytes (DESIGN §2).
@@ -131,69 +136,31 @@ impl InvalidField {
     }
 }
 
-/// A normalised business name of a lockable resource: 1–256 bytes of
-/// `[A-Za-z0-9._:/-]`, no leading or trailing `/`, no `//`, no `..`.
-///
-/// ```
-/// use fencer_coordinator::ResourceName;
-///
-/// assert!(ResourceName::new("orders/42").is_ok());
-/// assert!(ResourceName::new("/orders").is_err());
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ResourceName(String);
-
-impl ResourceName {
-    /// Validates `name` against the rules of DESIGN §2.
-    pub fn new(name: impl Into<String>) -> Result<Self, InvalidField> {
-        let name = name.into();
-        check_resource_chars(&name)?;
-        if name.is_empty() {
-            return Err(InvalidField::EmptyResource);
+/// A refused resource name, as the request field `resource`.
+impl From<ResourceNameError> for InvalidField {
+    fn from(e: ResourceNameError) -> Self {
+        match e {
+            ResourceNameError::Empty => Self::EmptyResource,
+            ResourceNameError::TooLong { len } => Self::ResourceTooLong { len },
+            ResourceNameError::BadChar { ch, at } => Self::ResourceBadChar { ch, at },
+            ResourceNameError::EdgeSlash => Self::ResourceEdgeSlash,
+            ResourceNameError::DoubleSlash => Self::ResourceDoubleSlash,
+            ResourceNameError::DotDot => Self::ResourceDotDot,
         }
-        if name.starts_with('/') || name.ends_with('/') {
-            return Err(InvalidField::ResourceEdgeSlash);
-        }
-        Ok(Self(name))
-    }
-
-    /// The name as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
     }
 }
 
-/// Checks length, alphabet, `//` and `..` — the rules a prefix must follow too.
+/// A refused lease id, as the request field `lease_id`.
+impl From<LeaseIdError> for InvalidField {
+    fn from(e: LeaseIdError) -> Self {
+        Self::LeaseIdFormat { len: e.len() }
+    }
+}
+
+/// Checks the rules a prefix of resource names must follow too (a listing's
+/// prefix, a tenant's namespace): length, alphabet, `//` and `..`.
 pub(crate) fn check_resource_chars(name: &str) -> Result<(), InvalidField> {
-    if name.len() > MAX_RESOURCE_LEN {
-        return Err(InvalidField::ResourceTooLong { len: name.len() });
-    }
-    if let Some((at, ch)) =
-        name.char_indices().find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '/' | '-')))
-    {
-        return Err(InvalidField::ResourceBadChar { ch, at });
-    }
-    if name.contains("//") {
-        return Err(InvalidField::ResourceDoubleSlash);
-    }
-    if name.contains("..") {
-        return Err(InvalidField::ResourceDotDot);
-    }
-    Ok(())
-}
-
-/// Lets the lock table be searched by a prefix (`str` orders as the name does).
-impl std::borrow::Borrow<str> for ResourceName {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for ResourceName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+    ResourceName::check_prefix(name).map_err(InvalidField::from)
 }
 
 /// A caller-chosen id for one logical acquire attempt, reused on every retry
@@ -229,82 +196,6 @@ impl RequestId {
 impl fmt::Display for RequestId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-/// 128 random bits naming one lease; the capability to renew and release it.
-/// Shown as 32 lowercase hex digits.
-///
-/// Held as two `u64` halves (high, low) rather than a `u128`: a `u128` is
-/// 16-byte aligned, which pads every record that holds a lease id (the dedup
-/// table keeps ~240,000 of them at the seed rate). The order, the text form
-/// and the encoding (a `u128`) are those of the numeric value.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LeaseId([u64; 2]);
-
-impl LeaseId {
-    /// Draws a lease id from the OS CSPRNG. Only the leader does this, before
-    /// proposing, so that applying the log stays deterministic.
-    pub fn random() -> Result<Self, getrandom::Error> {
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes)?;
-        Ok(Self::from_u128(u128::from_le_bytes(bytes)))
-    }
-
-    /// Builds a lease id from its numeric value (tests and decoding).
-    pub const fn from_u128(v: u128) -> Self {
-        Self([(v >> 64) as u64, v as u64])
-    }
-
-    /// The numeric value.
-    pub const fn to_u128(self) -> u128 {
-        ((self.0[0] as u128) << 64) | self.0[1] as u128
-    }
-}
-
-impl Serialize for LeaseId {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u128(self.to_u128())
-    }
-}
-
-impl<'de> Deserialize<'de> for LeaseId {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        u128::deserialize(d).map(Self::from_u128)
-    }
-}
-
-impl fmt::Display for LeaseId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.to_u128())
-    }
-}
-
-impl fmt::Debug for LeaseId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LeaseId({:032x})", self.to_u128())
-    }
-}
-
-impl FromStr for LeaseId {
-    type Err = InvalidField;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(InvalidField::LeaseIdFormat { len: s.len() });
-        }
-        u128::from_str_radix(s, 16).map(Self::from_u128).map_err(|_| InvalidField::LeaseIdFormat { len: s.len() })
-    }
-}
-
-/// A fencing token: the raft log index of the entry that granted the lock (I2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct FencingToken(pub u64);
-
-impl fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
     }
 }
 
@@ -364,13 +255,6 @@ impl fmt::Display for AuditText {
     }
 }
 
-openraft::declare_raft_types!(
-    /// The raft type configuration of fencer's coordinator.
-    pub TypeConfig:
-        D = crate::state_machine::LogCommand,
-        R = crate::state_machine::Outcome,
-);
-
 /// A raft node id.
 pub type NodeId = u64;
 
@@ -378,18 +262,50 @@ pub type NodeId = u64;
 mod tests {
     use super::*;
 
+    fn resource(name: impl Into<String>) -> Result<ResourceName, InvalidField> {
+        ResourceName::new(name).map_err(InvalidField::from)
+    }
+
     #[test]
     fn resource_rules_each_name_the_broken_rule() {
-        assert_eq!(ResourceName::new(""), Err(InvalidField::EmptyResource));
-        assert_eq!(ResourceName::new("a".repeat(257)), Err(InvalidField::ResourceTooLong { len: 257 }));
-        assert!(ResourceName::new("a".repeat(256)).is_ok());
-        assert_eq!(ResourceName::new("a b"), Err(InvalidField::ResourceBadChar { ch: ' ', at: 1 }));
-        assert_eq!(ResourceName::new("/a"), Err(InvalidField::ResourceEdgeSlash));
-        assert_eq!(ResourceName::new("a/"), Err(InvalidField::ResourceEdgeSlash));
-        assert_eq!(ResourceName::new("a//b"), Err(InvalidField::ResourceDoubleSlash));
-        assert_eq!(ResourceName::new("a/../b"), Err(InvalidField::ResourceDotDot));
-        assert!(ResourceName::new("db/orders:42.v1_x-y").is_ok());
-        assert_eq!(ResourceName::new("é"), Err(InvalidField::ResourceBadChar { ch: 'é', at: 0 }));
+        assert_eq!(resource(""), Err(InvalidField::EmptyResource));
+        assert_eq!(resource("a".repeat(257)), Err(InvalidField::ResourceTooLong { len: 257 }));
+        assert!(resource("a".repeat(256)).is_ok());
+        assert_eq!(resource("a b"), Err(InvalidField::ResourceBadChar { ch: ' ', at: 1 }));
+        assert_eq!(resource("/a"), Err(InvalidField::ResourceEdgeSlash));
+        assert_eq!(resource("a/"), Err(InvalidField::ResourceEdgeSlash));
+        assert_eq!(resource("a//b"), Err(InvalidField::ResourceDoubleSlash));
+        assert_eq!(resource("a/../b"), Err(InvalidField::ResourceDotDot));
+        assert!(resource("db/orders:42.v1_x-y").is_ok());
+        assert_eq!(resource("é"), Err(InvalidField::ResourceBadChar { ch: 'é', at: 0 }));
+        assert_eq!(
+            resource("a//b").unwrap_err().to_string(),
+            "resource: must not contain '//'",
+            "the refusal names the field and the rule"
+        );
+    }
+
+    proptest::proptest! {
+        /// Every place the coordinator checks a resource name uses the one
+        /// rule of `fencer_token::ResourceName`: requests (with the field
+        /// named), listing prefixes and tenant namespaces, and decoding a
+        /// name from a log entry or a snapshot.
+        #[test]
+        fn the_coordinator_checks_names_by_the_shared_rule(name in "[a/.:_ é-]{0,8}|[A-Za-z0-9./~-]{0,12}|[a-z/]{250,260}|.{0,6}") {
+            let shared = fencer_token::ResourceName::new(name.as_str());
+            let here = resource(name.as_str());
+            proptest::prop_assert_eq!(here.is_ok(), shared.is_ok(), "{:?}", name);
+            if let (Err(here), Err(shared)) = (&here, &shared) {
+                proptest::prop_assert_eq!(here.field(), "resource");
+                proptest::prop_assert_eq!(here, &InvalidField::from(shared.clone()));
+            }
+            proptest::prop_assert_eq!(
+                check_resource_chars(&name).is_ok(),
+                fencer_token::ResourceName::check_prefix(&name).is_ok()
+            );
+            let encoded = postcard::to_stdvec(&name).unwrap();
+            proptest::prop_assert_eq!(postcard::from_bytes::<ResourceName>(&encoded).is_ok(), shared.is_ok());
+        }
     }
 
     #[test]
@@ -408,21 +324,15 @@ mod tests {
         let text = id.to_string();
         assert_eq!(text.len(), 32);
         assert_eq!(text.parse::<LeaseId>().unwrap(), id);
-        assert!("xyz".parse::<LeaseId>().is_err());
-        assert!("0".repeat(33).parse::<LeaseId>().is_err());
-        assert!("g".repeat(32).parse::<LeaseId>().is_err());
+        assert_eq!("xyz".parse::<LeaseId>().map_err(InvalidField::from), Err(InvalidField::LeaseIdFormat { len: 3 }));
     }
 
     proptest::proptest! {
-        /// The two-halves form keeps the numeric value's order, text and
-        /// encoding, so state files and snapshots written with the `u128`
-        /// form read the same.
+        /// The two-halves form keeps the numeric value's encoding, so state
+        /// files and snapshots written with the `u128` form read the same.
         #[test]
-        fn lease_id_keeps_the_u128_order_text_and_encoding(a: u128, b: u128) {
-            let (x, y) = (LeaseId::from_u128(a), LeaseId::from_u128(b));
-            proptest::prop_assert_eq!(x.to_u128(), a);
-            proptest::prop_assert_eq!(x.cmp(&y), a.cmp(&b));
-            proptest::prop_assert_eq!(x.to_string(), format!("{a:032x}"));
+        fn lease_id_keeps_the_u128_encoding(a: u128) {
+            let x = LeaseId::from_u128(a);
             let bytes = postcard::to_stdvec(&x).unwrap();
             proptest::prop_assert_eq!(&bytes, &postcard::to_stdvec(&a).unwrap());
             proptest::prop_assert_eq!(postcard::from_bytes::<LeaseId>(&bytes).unwrap(), x);

@@ -245,12 +245,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_parked_while_the_leader_takes_over_keeps_its_slot() {
-        use crate::state_machine::{Command, LogCommand};
+        use crate::state_machine::{AcquireCmd, Command, LogCommand};
         use crate::types::{Holder, LeaseId};
         let mut state = LockState::new();
         let acquire = |id: &str, lease: u128| LogCommand {
             at_ms: 0,
-            cmd: Command::Acquire {
+            cmd: Command::Acquire(AcquireCmd {
                 request_id: RequestId::new(id).unwrap(),
                 resource: ResourceName::new("r").unwrap(),
                 holder: Holder::default(),
@@ -258,7 +258,7 @@ mod tests {
                 wait: true,
                 lease_id: LeaseId::from_u128(lease),
                 max_waiters: 10,
-            },
+            }),
         };
         state.apply(1, &acquire("holder-1", 1));
         state.apply(2, &acquire("request-a", 2));

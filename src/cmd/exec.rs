@@ -141,7 +141,7 @@ pub(crate) async fn run(args: ExecArgs) -> anyhow::Result<ExitCode> {
         .args(&args.command[1..])
         .env("FENCER_RESOURCE", lease.resource())
         .env("FENCER_TOKEN", lease.token().to_string())
-        .env("FENCER_LEASE_ID", lease.lease_id().as_str())
+        .env("FENCER_LEASE_ID", lease.lease_id().to_string())
         .env("FENCER_SIGNED_TOKEN", lease.signed_token().unwrap_or_default())
         // Its own group, so that signals reach everything it starts.
         .process_group(0);

@@ -122,7 +122,7 @@ pub(crate) async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
                 args.client.output,
                 &json!({
                     "resource": g.resource,
-                    "lease_id": g.lease_id.as_str(),
+                    "lease_id": g.lease_id.to_string(),
                     "fencing_token": g.token.get(),
                     "ttl_ms": g.ttl.as_millis() as u64,
                     "expires_at_unix_ms": g.expires_at_unix_ms,

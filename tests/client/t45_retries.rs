@@ -39,7 +39,7 @@ async fn t45_a_lost_answer_is_retried_with_the_same_request_id_and_returns_the_s
             "{loss:?}: every attempt carries the same request id: {attempts:?}"
         );
         let lost_answer = proxy.faults().dropped.pop().unwrap().expect("the first attempt was granted");
-        assert_eq!(lost_answer.lease_id, lease.lease_id().as_str(), "{loss:?}: the same lease");
+        assert_eq!(lost_answer.lease_id, lease.lease_id().to_string(), "{loss:?}: the same lease");
         assert_eq!(lost_answer.fencing_token, lease.token().get(), "{loss:?}: the same token");
         let view = direct.get(resource).await.unwrap();
         assert_eq!(view.fencing_token, lease.token().get());

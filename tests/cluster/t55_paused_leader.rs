@@ -80,7 +80,7 @@ async fn acquire_following(h: &History, c: &Client, who: &str, resource: &str, r
             .await;
         let answer = match attempt {
             Ok(g) => Answer::Granted {
-                lease_id: g.lease_id.as_str().to_string(),
+                lease_id: g.lease_id.to_string(),
                 token: g.token.get(),
                 ttl_ms: g.ttl.as_millis() as u64,
             },

@@ -265,7 +265,7 @@ async fn zombie_client_process() {
         .holder(format!("zombie-test-{name}"))
         .await
         .expect("the client process acquires its lock");
-    say("GRANTED", json!({ "token": lease.token().get(), "lease_id": lease.lease_id().as_str() }));
+    say("GRANTED", json!({ "token": lease.token().get(), "lease_id": lease.lease_id().to_string() }));
     let proxy: std::net::SocketAddr = env("FENCER_ZOMBIE_PROXY").parse().unwrap();
     let (path, body) = (env("FENCER_ZOMBIE_PATH"), env("FENCER_ZOMBIE_BODY"));
     let http = TestClient::new();

@@ -5,12 +5,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::wire::{LEASE_ID_HEX_DIGITS, LeaseId, ResourceName, ResourceNameError};
+
 /// Longest key id, in bytes.
 pub const MAX_KEY_ID_BYTES: usize = 64;
-/// Longest resource name, in bytes (DESIGN §2).
-pub const MAX_RESOURCE_BYTES: usize = 256;
-/// A lease id is 128 bits, written as this many lowercase hex digits.
-pub const LEASE_ID_HEX_DIGITS: usize = 32;
 
 /// A signing key's id (`kid`): 1–64 bytes of `[A-Za-z0-9._-]`. It names the
 /// key in tokens, key-set files and logs; it is not secret.
@@ -90,23 +88,9 @@ pub enum ClaimsError {
     /// `kid` is not a valid [`KeyId`].
     #[error("kid: {0}")]
     KeyId(#[from] KeyIdError),
-    /// `res` is empty.
-    #[error("res: the resource is empty")]
-    ResourceEmpty,
-    /// `res` is longer than [`MAX_RESOURCE_BYTES`].
-    #[error("res: the resource is {len} bytes; at most {MAX_RESOURCE_BYTES} are allowed")]
-    ResourceTooLong {
-        /// Its length in bytes.
-        len: usize,
-    },
-    /// `res` has a character outside `[A-Za-z0-9._:/-]`.
-    #[error("res: the resource contains {ch:?} at byte {at}; only [A-Za-z0-9._:/-] is allowed")]
-    ResourceBadChar {
-        /// The character.
-        ch: char,
-        /// Its byte offset.
-        at: usize,
-    },
+    /// `res` is not a valid [`ResourceName`] (DESIGN §2).
+    #[error("res: {0}")]
+    Resource(#[from] ResourceNameError),
     /// `lid` is not 32 lowercase hex digits.
     #[error("lid: the lease id must be {LEASE_ID_HEX_DIGITS} lowercase hex digits")]
     LeaseId,
@@ -115,16 +99,15 @@ pub enum ClaimsError {
 /// The signed statement: "the coordinator granted `token` for `resource` to
 /// lease `lease_id` at `issued_at_unix_ms`, and key `key_id` vouches for it".
 ///
-/// Fields are checked when claims are made or parsed: the key id and lease
-/// id by their rules, the resource by its length and alphabet (the proxy
-/// compares it byte for byte with its route's resource, which follows every
-/// DESIGN §2 rule).
+/// Fields are checked when claims are made or parsed: the key id, the
+/// resource ([`ResourceName`], the one rule of DESIGN §2) and the lease id
+/// by their rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claims {
     key_id: KeyId,
-    resource: String,
+    resource: ResourceName,
     token: u64,
-    lease_id: u128,
+    lease_id: LeaseId,
     issued_at_unix_ms: u64,
 }
 
@@ -139,26 +122,13 @@ pub(crate) struct WireClaims {
     iat: u64,
 }
 
-fn check_resource(resource: &str) -> Result<(), ClaimsError> {
-    if resource.is_empty() {
-        return Err(ClaimsError::ResourceEmpty);
-    }
-    if resource.len() > MAX_RESOURCE_BYTES {
-        return Err(ClaimsError::ResourceTooLong { len: resource.len() });
-    }
-    if let Some((at, ch)) =
-        resource.char_indices().find(|&(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '/' | '-')))
-    {
-        return Err(ClaimsError::ResourceBadChar { ch, at });
-    }
-    Ok(())
-}
-
-fn parse_lease_id(hex: &str) -> Result<u128, ClaimsError> {
-    if hex.len() != LEASE_ID_HEX_DIGITS || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+/// A `lid` as written in a token: [`LeaseId`]'s text, lowercase only, so
+/// each token has exactly one encoding.
+fn parse_lease_id(hex: &str) -> Result<LeaseId, ClaimsError> {
+    if !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         return Err(ClaimsError::LeaseId);
     }
-    u128::from_str_radix(hex, 16).map_err(|_| ClaimsError::LeaseId)
+    hex.parse().map_err(|_| ClaimsError::LeaseId)
 }
 
 impl Claims {
@@ -170,9 +140,8 @@ impl Claims {
         lease_id: u128,
         issued_at_unix_ms: u64,
     ) -> Result<Self, ClaimsError> {
-        let resource = resource.into();
-        check_resource(&resource)?;
-        Ok(Self { key_id, resource, token, lease_id, issued_at_unix_ms })
+        let resource = ResourceName::new(resource)?;
+        Ok(Self { key_id, resource, token, lease_id: LeaseId::from_u128(lease_id), issued_at_unix_ms })
     }
 
     /// `kid`: the key that signed the token.
@@ -182,7 +151,7 @@ impl Claims {
 
     /// `res`: the resource the lock was granted for.
     pub fn resource(&self) -> &str {
-        &self.resource
+        self.resource.as_str()
     }
 
     /// `tok`: the fencing token.
@@ -192,12 +161,12 @@ impl Claims {
 
     /// `lid`: the lease id, as a number.
     pub fn lease_id(&self) -> u128 {
-        self.lease_id
+        self.lease_id.to_u128()
     }
 
     /// `lid` as written in the token: 32 lowercase hex digits.
     pub fn lease_id_hex(&self) -> String {
-        format!("{:032x}", self.lease_id)
+        self.lease_id.to_string()
     }
 
     /// `iat`: when the coordinator issued the token, Unix milliseconds.
@@ -208,7 +177,7 @@ impl Claims {
     pub(crate) fn to_wire(&self) -> WireClaims {
         WireClaims {
             kid: self.key_id.to_string(),
-            res: self.resource.clone(),
+            res: self.resource.to_string(),
             tok: self.token,
             lid: self.lease_id_hex(),
             iat: self.issued_at_unix_ms,
@@ -218,7 +187,8 @@ impl Claims {
     pub(crate) fn from_wire(w: WireClaims) -> Result<Self, ClaimsError> {
         let key_id = KeyId::new(w.kid)?;
         let lease_id = parse_lease_id(&w.lid)?;
-        Self::new(key_id, w.res, w.tok, lease_id, w.iat)
+        let resource = ResourceName::new(w.res)?;
+        Ok(Self { key_id, resource, token: w.tok, lease_id, issued_at_unix_ms: w.iat })
     }
 }
 
@@ -241,10 +211,19 @@ mod tests {
     fn claims_check_resource_and_lease_id() {
         let k = KeyId::new("k1").unwrap();
         assert!(Claims::new(k.clone(), "db/orders", 1, 0, 0).is_ok());
-        assert_eq!(Claims::new(k.clone(), "", 1, 0, 0), Err(ClaimsError::ResourceEmpty));
-        assert_eq!(Claims::new(k.clone(), "a".repeat(257), 1, 0, 0), Err(ClaimsError::ResourceTooLong { len: 257 }));
-        assert_eq!(Claims::new(k.clone(), "a b", 1, 0, 0), Err(ClaimsError::ResourceBadChar { ch: ' ', at: 1 }));
-        assert_eq!(parse_lease_id("6cf4a1b2c3d4e5f60718293a4b5c6d7e"), Ok(0x6cf4a1b2c3d4e5f60718293a4b5c6d7e));
+        let refused = |res: String| Claims::new(k.clone(), res, 1, 0, 0).unwrap_err();
+        assert_eq!(refused("".into()), ClaimsError::Resource(ResourceNameError::Empty));
+        assert_eq!(refused("a".repeat(257)), ClaimsError::Resource(ResourceNameError::TooLong { len: 257 }));
+        assert_eq!(refused("a b".into()), ClaimsError::Resource(ResourceNameError::BadChar { ch: ' ', at: 1 }));
+        // The rules the old copy of the check lacked (issue 16).
+        assert_eq!(refused("/db".into()), ClaimsError::Resource(ResourceNameError::EdgeSlash));
+        assert_eq!(refused("db/".into()), ClaimsError::Resource(ResourceNameError::EdgeSlash));
+        assert_eq!(refused("db//a".into()), ClaimsError::Resource(ResourceNameError::DoubleSlash));
+        assert_eq!(refused("db/../a".into()), ClaimsError::Resource(ResourceNameError::DotDot));
+        assert_eq!(
+            parse_lease_id("6cf4a1b2c3d4e5f60718293a4b5c6d7e").map(LeaseId::to_u128),
+            Ok(0x6cf4a1b2c3d4e5f60718293a4b5c6d7e)
+        );
         for bad in [
             "",
             "6CF4A1B2C3D4E5F60718293A4B5C6D7E",

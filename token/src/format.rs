@@ -8,6 +8,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ed25519_dalek::Signature;
 
 use crate::claims::{Claims, ClaimsError, WireClaims};
+use crate::wire::{FencingToken, TokenParseError};
 
 /// Longest `Fencing-Token` value accepted, in bytes. The largest genuine
 /// token (64-byte kid, 256-byte resource) is 773 bytes.
@@ -114,13 +115,14 @@ impl PresentedToken {
     }
 }
 
+/// A plain token: [`FencingToken::parse`], the one decimal rule.
 fn parse_plain(value: &[u8]) -> Result<u64, TokenError> {
-    if !value.iter().all(u8::is_ascii_digit) {
-        return Err(TokenError::NotDecimal);
+    match FencingToken::parse(value) {
+        Ok(t) => Ok(t.get()),
+        Err(TokenParseError::Empty) => Err(TokenError::Empty),
+        Err(TokenParseError::NotDecimal) => Err(TokenError::NotDecimal),
+        Err(TokenParseError::TooLarge) => Err(TokenError::Overflow),
     }
-    value.iter().try_fold(0u64, |n, &b| {
-        n.checked_mul(10).and_then(|n| n.checked_add(u64::from(b - b'0'))).ok_or(TokenError::Overflow)
-    })
 }
 
 /// A signed token, `v1.<claims>.<signature>`: well-formed, not yet verified.
@@ -295,7 +297,7 @@ mod tests {
         let bad_res = format!(r#"{{"kid":"k1","res":"a b","tok":1,"lid":"{lid}","iat":5}}"#);
         assert!(matches!(
             PresentedToken::parse(token(&bad_res).as_bytes()),
-            Err(TokenError::Claims(ClaimsError::ResourceBadChar { .. }))
+            Err(TokenError::Claims(ClaimsError::Resource(crate::ResourceNameError::BadChar { .. })))
         ));
         let bad_kid = format!(r#"{{"kid":"","res":"a","tok":1,"lid":"{lid}","iat":5}}"#);
         assert!(matches!(

@@ -32,6 +32,8 @@
 //! and not expired now (with a clock-skew allowance) → signature → resource.
 //!
 //! # Layout
+//! - `wire`: the nouns every fencer crate shares — [`ResourceName`] with
+//!   the one rule of DESIGN §2, [`FencingToken`], [`LeaseId`].
 //! - `claims`: [`Claims`], [`KeyId`] and their rules.
 //! - `format`: [`PresentedToken`] (plain or signed), [`SignedToken`], the
 //!   length bounds.
@@ -68,9 +70,10 @@ mod format;
 mod key_ring;
 mod key_set;
 mod signer;
+mod wire;
 
 pub use self::{
-    claims::{Claims, ClaimsError, KeyId, KeyIdError, LEASE_ID_HEX_DIGITS, MAX_KEY_ID_BYTES, MAX_RESOURCE_BYTES},
+    claims::{Claims, ClaimsError, KeyId, KeyIdError, MAX_KEY_ID_BYTES},
     format::{
         ENCODED_SIGNATURE_BYTES, MAX_CLAIMS_JSON_BYTES, MAX_ENCODED_CLAIMS_BYTES, MAX_TOKEN_BYTES, PresentedToken,
         SIGNED_TOKEN_PREFIX, SIGNING_CONTEXT, SignedToken, TokenError,
@@ -78,4 +81,8 @@ pub use self::{
     key_ring::{DEFAULT_CLOCK_SKEW, KeyRing, VerifyError},
     key_set::{KeySet, KeySetError, MAX_KEY_SET_BYTES, MAX_KEYS, PublicKey, PublicKeyEntry, PublicKeyError},
     signer::{GenerateError, SecretKeyError, SecretKeyFile, Signer},
+    wire::{
+        FencingToken, LEASE_ID_HEX_DIGITS, LeaseId, LeaseIdError, MAX_RESOURCE_BYTES, ResourceName, ResourceNameError,
+        TokenParseError,
+    },
 };

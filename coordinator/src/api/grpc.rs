@@ -12,12 +12,12 @@ use fencer_proto::v1::{
     RotateSigningKeyResponse, StatusRequest, StatusResponse,
 };
 use tonic::{Request, Response, Status};
-use tracing::Instrument as _;
 
+use super::call::{self, observed};
 use super::errors::to_status;
 use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::service::{self, LockError, LockService, LockView, StatusView};
+use crate::service::{LockError, LockService, LockView, StatusView};
 use crate::tenants::{Authenticator, Caller, Permission};
 use crate::tls::ConnInfo;
 
@@ -37,77 +37,6 @@ fn caller<T>(auth: &Authenticator, request: &Request<T>) -> Result<Caller, LockE
     auth.caller(&conn, authorization)
 }
 
-/// An Acquire on `who`'s behalf, as both front ends make it: the permission
-/// and request-rate checks, the tenant's quota on the command (enforced at
-/// apply), and a limit refusal that names the tenant.
-pub(crate) async fn acquire_as(
-    svc: &LockService,
-    who: &Caller,
-    mut req: service::AcquireRequest,
-) -> Result<service::Granted, LockError> {
-    who.check(Permission::Acquire, &req.resource)?;
-    who.charge_request(&Clock)?;
-    req.quota = who.quota();
-    svc.acquire(req).await.map_err(|e| with_tenant(e, who))
-}
-
-/// Names the tenant in a limit refusal the state machine reported.
-fn with_tenant(e: LockError, caller: &Caller) -> LockError {
-    match e {
-        LockError::TenantLimit { tenant, limit, value } if tenant.is_empty() => {
-            LockError::TenantLimit { tenant: caller.name().to_string(), limit, value }
-        }
-        other => other,
-    }
-}
-
-/// The metric `op` of an Acquire: one that may queue is measured apart,
-/// its latency includes the wait.
-pub(crate) fn acquire_op(wait_timeout_ms: u64) -> &'static str {
-    if wait_timeout_ms == 0 { "acquire" } else { "acquire_wait" }
-}
-
-/// Runs one operation in its own span — `op`, `resource`, and as they
-/// become known `request_id`, `log_index` (recorded by the service) and
-/// `outcome` — records its metrics and logs its end at debug level. Every
-/// event logged while it runs carries these fields, which is how one call
-/// is followed from its arrival to the apply of its log entry (the apply
-/// logs the same `log_index`).
-pub(crate) async fn observed<T>(
-    metrics: &Metrics,
-    op: &'static str,
-    resource: &str,
-    f: impl std::future::Future<Output = Result<T, LockError>>,
-) -> Result<T, LockError> {
-    let span = tracing::info_span!(
-        "call",
-        op,
-        resource,
-        request_id = tracing::field::Empty,
-        log_index = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-    );
-    async move {
-        let started = crate::clock::Clock.now();
-        let r = f.await;
-        let outcome = match &r {
-            Ok(_) => "ok",
-            Err(e) => e.metric_outcome(),
-        };
-        let elapsed = started.elapsed();
-        metrics.observe_request(op, outcome, elapsed);
-        tracing::Span::current().record("outcome", outcome);
-        match &r {
-            Err(e) if outcome == "unknown" => tracing::warn!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call ended with an unknown outcome"),
-            Err(e) => tracing::debug!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call refused"),
-            Ok(_) => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "call done"),
-        }
-        r
-    }
-    .instrument(span)
-    .await
-}
-
 pub(crate) fn view_to_proto(v: LockView) -> GetLockResponse {
     GetLockResponse {
         resource: v.resource.to_string(),
@@ -125,19 +54,7 @@ impl Lock for LockApi {
     async fn acquire(&self, request: Request<AcquireRequest>) -> Result<Response<AcquireResponse>, Status> {
         let who = caller(&self.auth, &request);
         let r = request.into_inner();
-        let (op, resource) = (acquire_op(r.wait_timeout_ms), r.resource.clone());
-        let call = async {
-            let req = service::AcquireRequest {
-                resource: r.resource,
-                request_id: r.request_id,
-                ttl_ms: r.ttl_ms,
-                wait_timeout_ms: r.wait_timeout_ms,
-                holder: r.holder,
-                quota: None,
-            };
-            acquire_as(&self.svc, &who?, req).await
-        };
-        let g = observed(&self.metrics, op, &resource, call).await.map_err(|e| to_status(&e))?;
+        let g = call::acquire(&self.svc, &self.metrics, who, r.into()).await.map_err(|e| to_status(&e))?;
         Ok(Response::new(AcquireResponse {
             lease_id: g.grant.lease_id.to_string(),
             fencing_token: g.grant.token.0,

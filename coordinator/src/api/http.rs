@@ -33,8 +33,8 @@ use fencer_proto::LEADER_ADDR_HEADER;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::call::{self, AcquireBody, observed};
 use super::errors::{grpc_code, http_status, metadata};
-use super::grpc::{acquire_as, acquire_op, observed};
 use crate::clock::Clock;
 use crate::hot::HotOrder;
 use crate::tenants::{Authenticator, Caller, Permission};
@@ -43,7 +43,7 @@ use crate::tls::ConnInfo;
 /// Resources listed by `/v1/admin/hot` when no `limit` is given.
 const DEFAULT_HOT_LIMIT: usize = 20;
 use crate::metrics::Metrics;
-use crate::service::{self, LockError, LockService, LockView};
+use crate::service::{LockError, LockService, LockView};
 
 #[derive(Clone)]
 struct HttpState {
@@ -127,33 +127,8 @@ fn reply(r: Result<Value, LockError>) -> Response {
     }
 }
 
-#[derive(Deserialize)]
-struct AcquireBody {
-    resource: String,
-    #[serde(default)]
-    request_id: String,
-    #[serde(default)]
-    ttl_ms: u64,
-    #[serde(default)]
-    wait_timeout_ms: u64,
-    #[serde(default)]
-    holder: String,
-}
-
 async fn acquire(State(s): State<HttpState>, Who(who): Who, Json(b): Json<AcquireBody>) -> Response {
-    let (op, resource) = (acquire_op(b.wait_timeout_ms), b.resource.clone());
-    let call = async {
-        let req = service::AcquireRequest {
-            resource: b.resource,
-            request_id: b.request_id,
-            ttl_ms: b.ttl_ms,
-            wait_timeout_ms: b.wait_timeout_ms,
-            holder: b.holder,
-            quota: None,
-        };
-        acquire_as(&s.svc, &who?, req).await
-    };
-    reply(observed(&s.metrics, op, &resource, call).await.map(|g| {
+    reply(call::acquire(&s.svc, &s.metrics, who, b.into()).await.map(|g| {
         json!({
             "resource": g.grant.resource.as_str(),
             "lease_id": g.grant.lease_id.to_string(),

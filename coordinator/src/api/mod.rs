@@ -1,8 +1,11 @@
 //! The node's front ends on its one port: the gRPC services (`fencer.v1.Lock`,
 //! `fencer.v1.Admin`), JSON over HTTP for curl users, health, metrics and
 //! the operator endpoints (also on the optional status port).
-//! Errors become statuses in exactly one place, [`errors`].
+//! Errors become statuses in exactly one place, [`errors`]; what both front
+//! ends do around a call (the caller's checks, span and metrics, request
+//! conversion) is in `call`.
 
+mod call;
 mod errors;
 mod grpc;
 mod http;

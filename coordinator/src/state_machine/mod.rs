@@ -7,712 +7,35 @@
 //! was renewed, ended; a waiter left the queue) for the node's lease clock,
 //! parked calls and audit log, and records which keys it changed in
 //! [`Changes`] so the store can persist exactly those.
+//!
+//! # Layout
+//! - `command` — [`LogCommand`] and its [`Command`]s, what the leader proposes.
+//! - `outcome` — [`Outcome`] (the answer to the proposer) and [`Event`].
+//! - `record` — the records the state holds: locks and their FIFO queues
+//!   ([`ResourceState`]), the request-id dedup table ([`DedupRecord`], I7),
+//!   ended leases, signing keys.
+//! - this module — [`LockState`] and its `apply`.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::fmt;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use fencer_token::{KeyId, MAX_KEYS, PublicKey};
 
-use crate::types::{AuditText, FencingToken, Holder, LeaseId, NodeId, RequestId, ResourceName};
+use crate::types::{FencingToken, Holder, LeaseId, NodeId, RequestId, ResourceName};
 
+mod command;
 #[cfg(test)]
 mod model_tests;
+mod outcome;
+mod record;
 
-/// One entry of the replicated log: a command and the leader's wall-clock time
-/// when it proposed it. The time is used only for the audit trail and for dedup
-/// retention, never for lease safety.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LogCommand {
-    /// Leader wall-clock time at proposal, milliseconds since the Unix epoch.
-    pub at_ms: u64,
-    /// What to do.
-    pub cmd: Command,
-}
-
-impl fmt::Display for LogCommand {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} @{}", self.cmd.name(), self.at_ms)
-    }
-}
-
-/// The commands of DESIGN §3.1.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Command {
-    /// Take the lock, or join its FIFO queue when `wait` is set.
-    Acquire {
-        /// The caller's id for this attempt (I7).
-        request_id: RequestId,
-        /// The lock.
-        resource: ResourceName,
-        /// Who asks, for humans.
-        holder: Holder,
-        /// Lease length.
-        ttl_ms: u64,
-        /// Queue when the lock is held instead of failing with LOCK_HELD.
-        wait: bool,
-        /// The lease id this request gets if granted, chosen by the leader.
-        lease_id: LeaseId,
-        /// The queue limit for this resource, from the leader's policy.
-        max_waiters: u32,
-    },
-    /// Extend the current lease.
-    Renew {
-        /// The lock.
-        resource: ResourceName,
-        /// The lease to extend.
-        lease_id: LeaseId,
-    },
-    /// Give up the current lease.
-    Release {
-        /// The lock.
-        resource: ResourceName,
-        /// The lease to end.
-        lease_id: LeaseId,
-    },
-    /// End a lease whose deadline passed on the leader. Ignored unless the
-    /// lease is current and has not been renewed since `basis_index`.
-    Expire {
-        /// The lock.
-        resource: ResourceName,
-        /// The lease to end.
-        lease_id: LeaseId,
-        /// The log index of the grant or renewal the leader's deadline counted from.
-        basis_index: u64,
-    },
-    /// Take a queued request out of the queue (wait timeout, disconnect).
-    CancelWait {
-        /// The lock.
-        resource: ResourceName,
-        /// The queued request.
-        request_id: RequestId,
-    },
-    /// Free the lock whoever holds it (operator action, audited).
-    ForceRelease {
-        /// The lock.
-        resource: ResourceName,
-        /// Who asked, as the operator's tool reported it (for the audit log).
-        caller: AuditText,
-        /// Why, in the operator's words (for the audit log).
-        reason: AuditText,
-    },
-    /// Forget dedup and ended-lease records proposed before `older_than_ms`.
-    PruneDedup {
-        /// Wall-clock cut-off, milliseconds since the Unix epoch.
-        older_than_ms: u64,
-    },
-    /// An Acquire counted against a tenant's quota (docs/security.md,
-    /// "Tenants"): as [`Command::Acquire`], but refused with
-    /// [`Rejection::TenantLimit`] when granting would hold more than
-    /// `quota.max_active_locks` locks, or queueing would park more than
-    /// `quota.max_waiters` waiters, under `quota.prefix`. Counted from the
-    /// state at apply, so the limits are exact on every node.
-    AcquireInQuota {
-        /// The caller's id for this attempt (I7).
-        request_id: RequestId,
-        /// The lock.
-        resource: ResourceName,
-        /// Who asks, for humans.
-        holder: Holder,
-        /// Lease length.
-        ttl_ms: u64,
-        /// Queue when the lock is held instead of failing with LOCK_HELD.
-        wait: bool,
-        /// The lease id this request gets if granted, chosen by the leader.
-        lease_id: LeaseId,
-        /// The queue limit for this resource, from the leader's policy.
-        max_waiters: u32,
-        /// The tenant's limits, from the leader's tenants file.
-        quota: Quota,
-    },
-    /// Make a node's token-signing public key known to the cluster (DESIGN
-    /// P7). The secret half never leaves the node that made it; a leader
-    /// signs only with a key of its own registered here.
-    RegisterSigningKey {
-        /// The key id tokens name (`kid`).
-        kid: KeyId,
-        /// The node that holds the secret key.
-        node_id: NodeId,
-        /// The Ed25519 public key.
-        public_key: [u8; 32],
-        /// Start of validity, Unix milliseconds (chosen by the node that made it).
-        not_before_unix_ms: u64,
-    },
-    /// End a signing key's validity at `not_after_unix_ms` (exclusive).
-    /// Only ever moves the end earlier.
-    RetireSigningKey {
-        /// The key.
-        kid: KeyId,
-        /// End of validity, Unix milliseconds.
-        not_after_unix_ms: u64,
-    },
-}
-
-/// A tenant's limits as carried in an [`Command::AcquireInQuota`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Quota {
-    /// The tenant's namespace: every resource starting with it counts.
-    pub prefix: String,
-    /// Held locks under the prefix, at most.
-    pub max_active_locks: Option<u64>,
-    /// Queued requests under the prefix, at most.
-    pub max_waiters: Option<u64>,
-}
-
-/// Which tenant limit refused a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum QuotaLimit {
-    /// `max_active_locks`.
-    ActiveLocks,
-    /// `max_waiters`.
-    Waiters,
-}
-
-impl QuotaLimit {
-    /// The limit's name in the tenants file and in errors.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ActiveLocks => "max_active_locks",
-            Self::Waiters => "max_waiters",
-        }
-    }
-}
-
-impl Command {
-    /// Short name for logs and metrics.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Acquire { .. } | Self::AcquireInQuota { .. } => "acquire",
-            Self::Renew { .. } => "renew",
-            Self::Release { .. } => "release",
-            Self::Expire { .. } => "expire",
-            Self::CancelWait { .. } => "cancel_wait",
-            Self::ForceRelease { .. } => "force_release",
-            Self::PruneDedup { .. } => "prune_dedup",
-            Self::RegisterSigningKey { .. } => "register_signing_key",
-            Self::RetireSigningKey { .. } => "retire_signing_key",
-        }
-    }
-
-    /// The resource the command is about, if any.
-    pub fn resource(&self) -> Option<&ResourceName> {
-        match self {
-            Self::Acquire { resource, .. }
-            | Self::AcquireInQuota { resource, .. }
-            | Self::Renew { resource, .. }
-            | Self::Release { resource, .. }
-            | Self::Expire { resource, .. }
-            | Self::CancelWait { resource, .. }
-            | Self::ForceRelease { resource, .. } => Some(resource),
-            Self::PruneDedup { .. } | Self::RegisterSigningKey { .. } | Self::RetireSigningKey { .. } => None,
-        }
-    }
-}
-
-/// A granted lease as returned to the caller.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Grant {
-    /// The lock.
-    pub resource: ResourceName,
-    /// The lease's id.
-    pub lease_id: LeaseId,
-    /// The fencing token: index of the entry that granted it.
-    pub token: FencingToken,
-    /// Lease length.
-    pub ttl_ms: u64,
-    /// Whether the grant came from the wait queue.
-    pub waited: bool,
-}
-
-/// Why a command changed nothing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Rejection {
-    /// The lock is held and the request did not ask to wait.
-    LockHeld {
-        /// The current holder's description.
-        holder: Holder,
-        /// The current holder's token.
-        token: FencingToken,
-    },
-    /// The wait queue is full.
-    TooManyWaiters {
-        /// The limit that was hit.
-        limit: u32,
-    },
-    /// The lease id is not the current holder and never ended by expiry.
-    NotHolder,
-    /// The lease expired or was force-released.
-    LeaseExpired,
-    /// The request id was first used for another resource.
-    RequestIdReused,
-    /// The request waited and its wait was cancelled before it was granted.
-    WaitCancelled,
-    /// A tenant limit: nothing changed, and nothing was recorded for the
-    /// request id (a retry is judged afresh).
-    TenantLimit {
-        /// Which limit.
-        limit: QuotaLimit,
-        /// Its value.
-        value: u64,
-    },
-}
-
-/// What happened to a queued request when its wait was cancelled.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum CancelOutcome {
-    /// It was still queued and is now out of the queue.
-    Cancelled,
-    /// It had been promoted first: the caller holds the lock.
-    AlreadyGranted(Grant),
-    /// It is neither queued nor granted (unknown, or already cancelled).
-    NotWaiting,
-}
-
-/// The result of applying one log entry (the raft response type).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Outcome {
-    /// The lock was granted (now, or earlier for a retried request id).
-    Granted(Grant),
-    /// The request is in the wait queue.
-    Queued {
-        /// The lease id it will get when promoted.
-        lease_id: LeaseId,
-        /// 1-based position in the queue.
-        position: u32,
-    },
-    /// Nothing changed, for this reason.
-    Rejected(Rejection),
-    /// The lease was extended.
-    Renewed {
-        /// The lease's token.
-        token: FencingToken,
-        /// Lease length.
-        ttl_ms: u64,
-    },
-    /// The lease no longer holds the lock.
-    Released {
-        /// Whether this command is the one that freed it.
-        was_holder: bool,
-    },
-    /// Result of an Expire command.
-    Expired {
-        /// Whether the lease was current (and not renewed since) and is now ended.
-        expired: bool,
-    },
-    /// Result of a CancelWait command.
-    WaitCancel(CancelOutcome),
-    /// Result of a ForceRelease command.
-    ForceReleased {
-        /// Token of the lease that was freed, if the lock was held.
-        released_token: Option<FencingToken>,
-    },
-    /// Result of a PruneDedup command.
-    Pruned {
-        /// Dedup records removed.
-        dedup: u64,
-        /// Ended-lease records removed.
-        ended: u64,
-    },
-    /// A blank or membership entry.
-    Noop,
-    /// Result of a RegisterSigningKey or RetireSigningKey command.
-    SigningKey(KeyChange),
-}
-
-/// What a signing-key command did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum KeyChange {
-    /// The key is now registered.
-    Registered,
-    /// The same key (id, node and public key) was registered already: nothing changed.
-    AlreadyRegistered,
-    /// The key's validity now ends at this time (the earlier of the old and new end).
-    Retired {
-        /// End of validity, Unix milliseconds (exclusive).
-        not_after_unix_ms: u64,
-    },
-    /// Nothing changed, for this reason.
-    Refused(KeyRefusal),
-}
-
-/// Why a signing-key command changed nothing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum KeyRefusal {
-    /// Another key (other node or other public key) has this id.
-    KeyIdTaken,
-    /// The public key is not a valid, strong Ed25519 point.
-    WeakPublicKey,
-    /// The cluster holds [`MAX_KEYS`] keys already (a proxy key set holds no more).
-    TooManyKeys,
-    /// No key has this id.
-    UnknownKey,
-    /// The end would not be after the key's start.
-    EmptyWindow {
-        /// The key's start.
-        not_before_unix_ms: u64,
-    },
-}
-
-impl std::fmt::Display for KeyRefusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::KeyIdTaken => f.write_str("another signing key already has this key id"),
-            Self::WeakPublicKey => f.write_str("the public key is not a valid, strong Ed25519 key"),
-            Self::TooManyKeys => {
-                write!(f, "the cluster holds {MAX_KEYS} signing keys already (a proxy key set holds no more)")
-            }
-            Self::UnknownKey => f.write_str("no signing key has this key id"),
-            Self::EmptyWindow { not_before_unix_ms } => {
-                write!(f, "the key is valid only from {not_before_unix_ms} (Unix ms); its end must be after that")
-            }
-        }
-    }
-}
-
-/// A token-signing public key the cluster knows (DESIGN P7), as replicated.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SigningKeyRecord {
-    /// The node that holds the secret key and signs with it.
-    pub node_id: NodeId,
-    /// The Ed25519 public key.
-    pub public_key: [u8; 32],
-    /// Start of validity, Unix milliseconds.
-    pub not_before_unix_ms: u64,
-    /// End of validity (exclusive), Unix milliseconds; `None`: no end yet.
-    pub not_after_unix_ms: Option<u64>,
-    /// Index of the entry that registered it.
-    pub registered_index: u64,
-    /// Leader wall time of that entry.
-    pub registered_at_ms: u64,
-}
-
-impl SigningKeyRecord {
-    /// Whether a token issued at `at_ms` may be signed with this key: inside
-    /// `[not_before, not_after)`.
-    pub fn valid_at(&self, at_ms: u64) -> bool {
-        self.not_before_unix_ms <= at_ms && self.not_after_unix_ms.is_none_or(|end| at_ms < end)
-    }
-}
-
-/// The key a node signs with at `now_ms`: among the keys of `node_id` in
-/// `keys` that are valid now and pass `usable` (the node holds its secret),
-/// the one that became valid last (ties: the larger key id). Every node and
-/// `fencer keys list` choose the same way.
-pub fn current_signing_key(
-    keys: &BTreeMap<KeyId, SigningKeyRecord>,
-    node_id: NodeId,
-    now_ms: u64,
-    mut usable: impl FnMut(&KeyId) -> bool,
-) -> Option<(&KeyId, &SigningKeyRecord)> {
-    keys.iter()
-        .filter(|(kid, k)| k.node_id == node_id && k.valid_at(now_ms) && usable(kid))
-        .max_by(|(ka, a), (kb, b)| a.not_before_unix_ms.cmp(&b.not_before_unix_ms).then_with(|| ka.cmp(kb)))
-}
-
-impl Outcome {
-    /// Short name for logs (no lease ids: they are capabilities).
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Granted(_) => "granted",
-            Self::Queued { .. } => "queued",
-            Self::Rejected(Rejection::LockHeld { .. }) => "rejected: lock held",
-            Self::Rejected(Rejection::TooManyWaiters { .. }) => "rejected: too many waiters",
-            Self::Rejected(Rejection::NotHolder) => "rejected: not holder",
-            Self::Rejected(Rejection::LeaseExpired) => "rejected: lease expired",
-            Self::Rejected(Rejection::RequestIdReused) => "rejected: request id reused",
-            Self::Rejected(Rejection::WaitCancelled) => "rejected: wait cancelled",
-            Self::Rejected(Rejection::TenantLimit { .. }) => "rejected: tenant limit",
-            Self::Renewed { .. } => "renewed",
-            Self::Released { was_holder: true } => "released",
-            Self::Released { was_holder: false } => "already released",
-            Self::Expired { expired: true } => "expired",
-            Self::Expired { expired: false } => "not expired (renewed meanwhile)",
-            Self::WaitCancel(CancelOutcome::Cancelled) => "wait cancelled",
-            Self::WaitCancel(CancelOutcome::AlreadyGranted(_)) => "wait already granted",
-            Self::WaitCancel(CancelOutcome::NotWaiting) => "not waiting",
-            Self::ForceReleased { released_token: Some(_) } => "force-released",
-            Self::ForceReleased { released_token: None } => "force-release of a free lock",
-            Self::Pruned { .. } => "pruned",
-            Self::Noop => "noop",
-            Self::SigningKey(KeyChange::Registered) => "signing key registered",
-            Self::SigningKey(KeyChange::AlreadyRegistered) => "signing key already registered",
-            Self::SigningKey(KeyChange::Retired { .. }) => "signing key retired",
-            Self::SigningKey(KeyChange::Refused(_)) => "signing key change refused",
-        }
-    }
-}
-
-/// How a lease ended, remembered (until pruned) to tell LEASE_EXPIRED from NOT_HOLDER.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum EndReason {
-    /// Released by its holder.
-    Released,
-    /// Expired on the leader's clock.
-    Expired,
-    /// Freed by an operator.
-    ForceReleased,
-}
-
-impl EndReason {
-    /// Lowercase name for logs and the audit trail.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Released => "released",
-            Self::Expired => "expired",
-            Self::ForceReleased => "force_released",
-        }
-    }
-}
-
-/// The current lease of a resource.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LockRecord {
-    /// The lease's id.
-    pub lease_id: LeaseId,
-    /// Who holds it.
-    pub holder: Holder,
-    /// Its fencing token.
-    pub token: FencingToken,
-    /// Lease length.
-    pub ttl_ms: u64,
-    /// The request that created it.
-    pub request_id: RequestId,
-    /// Index of the grant or the latest renewal.
-    pub renewed_index: u64,
-    /// Leader wall time of the grant, for humans.
-    pub granted_at_ms: u64,
-}
-
-/// A queued acquire.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Waiter {
-    /// The queued request.
-    pub request_id: RequestId,
-    /// Who waits.
-    pub holder: Holder,
-    /// Lease length once granted.
-    pub ttl_ms: u64,
-    /// Lease id once granted.
-    pub lease_id: LeaseId,
-}
-
-/// Lock and queue of one resource. Deleted when both are empty.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResourceState {
-    /// The current lease, if any.
-    pub lock: Option<LockRecord>,
-    /// FIFO of waiting requests.
-    pub waiters: VecDeque<Waiter>,
-}
-
-impl ResourceState {
-    fn is_idle(&self) -> bool {
-        self.lock.is_none() && self.waiters.is_empty()
-    }
-}
-
-/// What a request id led to, kept for retries (I7).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum DedupOutcome {
-    /// Granted this lease and token.
-    Granted {
-        /// The lease.
-        lease_id: LeaseId,
-        /// Its token.
-        token: FencingToken,
-        /// Its ttl.
-        ttl_ms: u64,
-        /// Granted from the queue.
-        waited: bool,
-    },
-    /// Queued with this future lease id.
-    Queued {
-        /// The lease id it gets when promoted.
-        lease_id: LeaseId,
-    },
-    /// Refused because the lock was held.
-    LockHeld,
-    /// Refused because the queue was full.
-    TooManyWaiters {
-        /// The limit.
-        limit: u32,
-    },
-    /// Queued, then cancelled before promotion.
-    WaitCancelled,
-}
-
-/// A dedup record: the outcome of a request id. Kept compact (one is kept
-/// per acquire for the retention period): the resource is remembered only as
-/// a [`ResourceHash`], enough to refuse a request id reused elsewhere.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DedupRecord {
-    /// Which resource the request id was used for.
-    pub resource: ResourceHash,
-    /// What it led to.
-    pub outcome: DedupOutcome,
-    /// Leader wall time of the entry that last changed the outcome (first
-    /// seen, promoted or cancelled); retention counts from it.
-    pub at_ms: u64,
-}
-
-/// A stable 64-bit FNV-1a hash of a resource name: the same on every node and
-/// every version, so it may be persisted and replicated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ResourceHash(pub u64);
-
-impl ResourceHash {
-    /// Hashes a resource name.
-    pub fn of(name: &ResourceName) -> Self {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in name.as_str().bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        Self(h)
-    }
-}
-
-/// The dedup table's key for a request id: the first 128 bits of its SHA-256.
-///
-/// The table holds one record per acquire for the retention period (~240,000
-/// at the seed rate), so it keys by 16 inline bytes rather than the id's own
-/// heap-allocated text (8–128 bytes). A cryptographic hash, not a fast one:
-/// two request ids that collide would share a record, and with SHA-256 no one
-/// can make them collide on purpose. Stable across nodes and versions, so it
-/// is persisted (state file, snapshots) and every node computes the same.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct RequestKey([u8; 16]);
-
-impl RequestKey {
-    /// The key of a request id.
-    pub fn of(id: &RequestId) -> Self {
-        use sha2::Digest as _;
-        let digest = sha2::Sha256::digest(id.as_str().as_bytes());
-        let mut key = [0u8; 16];
-        key.copy_from_slice(&digest[..16]);
-        Self(key)
-    }
-
-    /// The key as a number (big-endian), the form the state file stores.
-    pub const fn to_u128(self) -> u128 {
-        u128::from_be_bytes(self.0)
-    }
-
-    /// A key read back from its stored number.
-    pub const fn from_u128(v: u128) -> Self {
-        Self(v.to_be_bytes())
-    }
-}
-
-impl std::fmt::Debug for RequestKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RequestKey({:032x})", self.to_u128())
-    }
-}
-
-/// Remembers how a lease ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EndedLease {
-    /// Its resource.
-    pub resource: ResourceHash,
-    /// How it ended.
-    pub reason: EndReason,
-    /// Index of the entry that ended it.
-    pub index: u64,
-    /// Leader wall time of that entry.
-    pub at_ms: u64,
-}
-
-/// What an apply did, for the node's lease clock, parked calls and audit log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    /// A lease started (immediate grant or promotion from the queue).
-    LeaseStarted {
-        /// The lock.
-        resource: ResourceName,
-        /// The lease.
-        lease_id: LeaseId,
-        /// Its token (= the index of the entry).
-        token: FencingToken,
-        /// Its ttl.
-        ttl_ms: u64,
-        /// The request that gets it.
-        request_id: RequestId,
-        /// Who holds it now.
-        holder: Holder,
-        /// Whether it came from the queue.
-        waited: bool,
-    },
-    /// A lease was renewed at `index`.
-    LeaseRenewed {
-        /// The lock.
-        resource: ResourceName,
-        /// The lease.
-        lease_id: LeaseId,
-        /// Its token.
-        token: FencingToken,
-        /// Who holds it.
-        holder: Holder,
-        /// Its ttl.
-        ttl_ms: u64,
-        /// The index of the renewal.
-        index: u64,
-    },
-    /// A lease ended.
-    LeaseEnded {
-        /// The lock.
-        resource: ResourceName,
-        /// The lease.
-        lease_id: LeaseId,
-        /// Its token.
-        token: FencingToken,
-        /// Who held it.
-        holder: Holder,
-        /// Leader wall time of its grant, so the hold time is
-        /// `at_ms - granted_at_ms` of the ending entry.
-        granted_at_ms: u64,
-        /// How.
-        reason: EndReason,
-    },
-    /// A request joined a queue.
-    WaiterQueued {
-        /// The lock.
-        resource: ResourceName,
-        /// The request.
-        request_id: RequestId,
-    },
-    /// An acquire was answered from the dedup table (a retry, I7).
-    DedupHit {
-        /// The request.
-        request_id: RequestId,
-    },
-    /// A signing key was registered.
-    SigningKeyRegistered {
-        /// The key id.
-        kid: KeyId,
-        /// The record now in the state.
-        key: SigningKeyRecord,
-    },
-    /// A signing key's end of validity was set or moved earlier.
-    SigningKeyRetired {
-        /// The key id.
-        kid: KeyId,
-        /// The record now in the state.
-        key: SigningKeyRecord,
-    },
-    /// A queued request left the queue without being granted.
-    WaiterCancelled {
-        /// The lock.
-        resource: ResourceName,
-        /// The request.
-        request_id: RequestId,
-        /// Who waited.
-        holder: Holder,
-        /// The lease id it would have got.
-        lease_id: LeaseId,
-    },
-}
+pub use self::command::{AcquireCmd, Command, LogCommand, Quota};
+pub use self::outcome::{Applied, CancelOutcome, Event, Grant, KeyChange, KeyRefusal, Outcome, QuotaLimit, Rejection};
+pub use self::record::{
+    DedupOutcome, DedupRecord, EndReason, EndedLease, LockRecord, RequestKey, ResourceHash, ResourceState,
+    SigningKeyRecord, Waiter, current_signing_key,
+};
 
 /// Keys changed since the store last drained them.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -741,15 +64,6 @@ impl Changes {
             && self.ended_del.is_empty()
             && self.signing_keys.is_empty()
     }
-}
-
-/// The result of [`LockState::apply`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Applied {
-    /// The response for the proposer.
-    pub outcome: Outcome,
-    /// What changed, in order.
-    pub events: Vec<Event>,
 }
 
 /// The whole replicated lock state.
@@ -866,34 +180,14 @@ impl LockState {
         let mut events = Vec::new();
         let at_ms = entry.at_ms;
         let outcome = match &entry.cmd {
-            Command::Acquire { request_id, resource, holder, ttl_ms, wait, lease_id, max_waiters } => self.acquire(
-                index,
-                at_ms,
-                (request_id, RequestKey::of(request_id)),
-                resource,
-                holder,
-                *ttl_ms,
-                *wait,
-                *lease_id,
-                *max_waiters,
-                &mut events,
-            ),
-            Command::AcquireInQuota { request_id, resource, holder, ttl_ms, wait, lease_id, max_waiters, quota } => {
-                let key = RequestKey::of(request_id);
-                match self.over_quota(&key, resource, *wait, quota) {
+            Command::Acquire(acquire) => {
+                self.acquire(index, at_ms, acquire, RequestKey::of(&acquire.request_id), &mut events)
+            }
+            Command::AcquireInQuota { acquire, quota } => {
+                let key = RequestKey::of(&acquire.request_id);
+                match self.over_quota(&key, &acquire.resource, acquire.wait, quota) {
                     Some((limit, value)) => Outcome::Rejected(Rejection::TenantLimit { limit, value }),
-                    None => self.acquire(
-                        index,
-                        at_ms,
-                        (request_id, key),
-                        resource,
-                        holder,
-                        *ttl_ms,
-                        *wait,
-                        *lease_id,
-                        *max_waiters,
-                        &mut events,
-                    ),
+                    None => self.acquire(index, at_ms, acquire, key, &mut events),
                 }
             }
             Command::Renew { resource, lease_id } => self.renew(index, resource, lease_id, &mut events),
@@ -987,20 +281,15 @@ impl LockState {
         self.resources.get(resource).and_then(|r| r.lock.as_ref())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn acquire(
         &mut self,
         index: u64,
         at_ms: u64,
-        (request_id, key): (&RequestId, RequestKey),
-        resource: &ResourceName,
-        holder: &Holder,
-        ttl_ms: u64,
-        wait: bool,
-        lease_id: LeaseId,
-        max_waiters: u32,
+        cmd: &AcquireCmd,
+        key: RequestKey,
         events: &mut Vec<Event>,
     ) -> Outcome {
+        let AcquireCmd { request_id, resource, wait, lease_id, max_waiters, .. } = cmd;
         if let Some(record) = self.dedup.get(&key) {
             events.push(Event::DedupHit { request_id: request_id.clone() });
             return self.replay(request_id, record, resource);
@@ -1008,50 +297,25 @@ impl LockState {
         let state = self.resources.entry(resource.clone()).or_default();
         let (outcome, dedup) = match &state.lock {
             None => {
-                state.lock = Some(LockRecord {
-                    lease_id,
-                    holder: holder.clone(),
-                    token: FencingToken(index),
-                    ttl_ms,
-                    request_id: request_id.clone(),
-                    renewed_index: index,
-                    granted_at_ms: at_ms,
-                });
+                let grant = state.grant(resource, index, at_ms, cmd.waiter(), false, events);
                 self.lock_count += 1;
-                events.push(Event::LeaseStarted {
-                    resource: resource.clone(),
-                    lease_id,
-                    token: FencingToken(index),
-                    ttl_ms,
-                    request_id: request_id.clone(),
-                    holder: holder.clone(),
-                    waited: false,
-                });
-                let grant =
-                    Grant { resource: resource.clone(), lease_id, token: FencingToken(index), ttl_ms, waited: false };
-                (
-                    Outcome::Granted(grant),
-                    DedupOutcome::Granted { lease_id, token: FencingToken(index), ttl_ms, waited: false },
-                )
+                let dedup = DedupOutcome::granted(&grant);
+                (Outcome::Granted(grant), dedup)
             }
             Some(lock) if !wait => (
                 Outcome::Rejected(Rejection::LockHeld { holder: lock.holder.clone(), token: lock.token }),
                 DedupOutcome::LockHeld,
             ),
-            Some(_) if state.waiters.len() >= max_waiters as usize => (
-                Outcome::Rejected(Rejection::TooManyWaiters { limit: max_waiters }),
-                DedupOutcome::TooManyWaiters { limit: max_waiters },
+            Some(_) if state.waiters.len() >= *max_waiters as usize => (
+                Outcome::Rejected(Rejection::TooManyWaiters { limit: *max_waiters }),
+                DedupOutcome::TooManyWaiters { limit: *max_waiters },
             ),
             Some(_) => {
-                state.waiters.push_back(Waiter {
-                    request_id: request_id.clone(),
-                    holder: holder.clone(),
-                    ttl_ms,
-                    lease_id,
-                });
+                state.waiters.push_back(cmd.waiter());
                 self.waiter_count += 1;
                 events.push(Event::WaiterQueued { resource: resource.clone(), request_id: request_id.clone() });
-                (Outcome::Queued { lease_id, position: state.waiters.len() as u32 }, DedupOutcome::Queued { lease_id })
+                let position = state.waiters.len() as u32;
+                (Outcome::Queued { lease_id: *lease_id, position }, DedupOutcome::Queued { lease_id: *lease_id })
             }
         };
         // A refusal may have created an empty entry above; idle records are deleted.
@@ -1175,33 +439,14 @@ impl LockState {
         });
         if let Some(next) = state.waiters.pop_front() {
             self.waiter_count -= 1;
-            let token = FencingToken(index);
-            state.lock = Some(LockRecord {
-                lease_id: next.lease_id,
-                holder: next.holder.clone(),
-                token,
-                ttl_ms: next.ttl_ms,
-                request_id: next.request_id.clone(),
-                renewed_index: index,
-                granted_at_ms: at_ms,
-            });
-            self.lock_count += 1;
             let key = RequestKey::of(&next.request_id);
+            let grant = state.grant(resource, index, at_ms, next, true, events);
+            self.lock_count += 1;
             if let Some(rec) = self.dedup.get_mut(&key) {
-                rec.outcome =
-                    DedupOutcome::Granted { lease_id: next.lease_id, token, ttl_ms: next.ttl_ms, waited: true };
+                rec.outcome = DedupOutcome::granted(&grant);
                 rec.at_ms = at_ms;
                 self.changes.dedup_put.insert(key);
             }
-            events.push(Event::LeaseStarted {
-                resource: resource.clone(),
-                lease_id: next.lease_id,
-                token,
-                ttl_ms: next.ttl_ms,
-                request_id: next.request_id,
-                holder: next.holder,
-                waited: true,
-            });
         }
         if state.is_idle() {
             self.resources.remove(resource);

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use proptest::prelude::*;
 
 use super::*;
+use crate::types::AuditText;
 
 /// The reference model: the rules of DESIGN §3.1 written as plainly as possible.
 #[derive(Default, Clone)]
@@ -20,7 +21,7 @@ struct Model {
 impl Model {
     fn step(&mut self, index: u64, cmd: &Command) -> Outcome {
         match cmd {
-            Command::Acquire { request_id, resource, ttl_ms, wait, lease_id, max_waiters, .. } => {
+            Command::Acquire(AcquireCmd { request_id, resource, ttl_ms, wait, lease_id, max_waiters, .. }) => {
                 let (rid, res) = (request_id.as_str().to_string(), resource.as_str().to_string());
                 if let Some((first, out)) = self.dedup.get(&rid) {
                     if *first != res {
@@ -147,7 +148,8 @@ impl Model {
                 }
                 Outcome::ForceReleased { released_token: token }
             }
-            Command::AcquireInQuota { request_id, resource, holder, ttl_ms, wait, lease_id, max_waiters, quota } => {
+            Command::AcquireInQuota { acquire, quota } => {
+                let AcquireCmd { request_id, resource, wait, .. } = acquire;
                 if !self.dedup.contains_key(request_id.as_str()) {
                     let under = |name: &String| name.starts_with(&quota.prefix);
                     let held = self.holders.keys().filter(|r| under(r)).count() as u64;
@@ -163,15 +165,7 @@ impl Model {
                         return Outcome::Rejected(Rejection::TenantLimit { limit: QuotaLimit::Waiters, value: max });
                     }
                 }
-                let plain = Command::Acquire {
-                    request_id: request_id.clone(),
-                    resource: resource.clone(),
-                    holder: holder.clone(),
-                    ttl_ms: *ttl_ms,
-                    wait: *wait,
-                    lease_id: *lease_id,
-                    max_waiters: *max_waiters,
-                };
+                let plain = Command::Acquire(acquire.clone());
                 self.step(index, &plain)
             }
             Command::PruneDedup { .. } | Command::RegisterSigningKey { .. } | Command::RetireSigningKey { .. } => {
@@ -252,7 +246,7 @@ fn resolve(op: &Op, sm: &LockState, issued: &[LeaseId], index: u64) -> Command {
         }
     };
     match *op {
-        Op::Acquire { req: r, res: s, wait } => Command::Acquire {
+        Op::Acquire { req: r, res: s, wait } => Command::Acquire(AcquireCmd {
             request_id: req(r),
             resource: res(s),
             holder: Holder::new(format!("h{r}")).unwrap(),
@@ -261,15 +255,17 @@ fn resolve(op: &Op, sm: &LockState, issued: &[LeaseId], index: u64) -> Command {
             // Lease ids derive from the index: unique, like the leader's CSPRNG draws.
             lease_id: LeaseId::from_u128(u128::from(index) << 64 | 0xabc),
             max_waiters: 3,
-        },
+        }),
         Op::AcquireInQuota { req: r, res: s, wait, max_locks, max_waiters } => Command::AcquireInQuota {
-            request_id: req(r),
-            resource: res(s),
-            holder: Holder::new(format!("h{r}")).unwrap(),
-            ttl_ms: 5000,
-            wait,
-            lease_id: LeaseId::from_u128(u128::from(index) << 64 | 0xabc),
-            max_waiters: 3,
+            acquire: AcquireCmd {
+                request_id: req(r),
+                resource: res(s),
+                holder: Holder::new(format!("h{r}")).unwrap(),
+                ttl_ms: 5000,
+                wait,
+                lease_id: LeaseId::from_u128(u128::from(index) << 64 | 0xabc),
+                max_waiters: 3,
+            },
             // Every generated resource is under "res/": the limits bite.
             quota: Quota {
                 prefix: "res/".into(),
@@ -372,7 +368,7 @@ proptest! {
                 }
             }
             // I7: a retried acquire returns the original grant or queue slot.
-            if let Command::Acquire { request_id, .. } = &cmd {
+            if let Command::Acquire(AcquireCmd { request_id, .. }) = &cmd {
                 match (&applied.outcome, first_outcome.get(request_id)) {
                     (Outcome::Granted(g), Some(Outcome::Granted(first))) => prop_assert_eq!(g, first),
                     (Outcome::Queued { lease_id, .. }, Some(Outcome::Queued { lease_id: first, .. })) => {
@@ -391,7 +387,7 @@ fn release_promotes_exactly_one_waiter_with_the_release_index_as_token() {
     let mut sm = LockState::new();
     let acquire = |r: u8, wait: bool, idx: u64| LogCommand {
         at_ms: 0,
-        cmd: Command::Acquire {
+        cmd: Command::Acquire(AcquireCmd {
             request_id: req(r),
             resource: res(0),
             holder: Holder::default(),
@@ -399,7 +395,7 @@ fn release_promotes_exactly_one_waiter_with_the_release_index_as_token() {
             wait,
             lease_id: LeaseId::from_u128(u128::from(idx)),
             max_waiters: 10,
-        },
+        }),
     };
     assert!(matches!(sm.apply(1, &acquire(1, false, 1)).outcome, Outcome::Granted(_)));
     assert!(matches!(sm.apply(2, &acquire(2, true, 2)).outcome, Outcome::Queued { position: 1, .. }));
@@ -427,7 +423,7 @@ fn expire_with_a_stale_basis_changes_nothing() {
         1,
         &LogCommand {
             at_ms: 0,
-            cmd: Command::Acquire {
+            cmd: Command::Acquire(AcquireCmd {
                 request_id: req(1),
                 resource: res(0),
                 holder: Holder::default(),
@@ -435,7 +431,7 @@ fn expire_with_a_stale_basis_changes_nothing() {
                 wait: false,
                 lease_id: lease,
                 max_waiters: 1,
-            },
+            }),
         },
     );
     sm.apply(2, &LogCommand { at_ms: 0, cmd: Command::Renew { resource: res(0), lease_id: lease } });
@@ -458,7 +454,7 @@ fn prune_forgets_old_records_but_keeps_queued_ones() {
     let mut sm = LockState::new();
     let acq = |r: u8, at_ms: u64, idx: u64| LogCommand {
         at_ms,
-        cmd: Command::Acquire {
+        cmd: Command::Acquire(AcquireCmd {
             request_id: req(r),
             resource: res(0),
             holder: Holder::default(),
@@ -466,7 +462,7 @@ fn prune_forgets_old_records_but_keeps_queued_ones() {
             wait: true,
             lease_id: LeaseId::from_u128(u128::from(idx)),
             max_waiters: 5,
-        },
+        }),
     };
     sm.apply(1, &acq(1, 100, 1));
     sm.apply(2, &acq(2, 100, 2));
@@ -484,7 +480,7 @@ fn a_promoted_request_keeps_its_record_for_the_retention_after_its_promotion() {
     let mut sm = LockState::new();
     let acq = |r: u8, wait: bool, at_ms: u64, idx: u64| LogCommand {
         at_ms,
-        cmd: Command::Acquire {
+        cmd: Command::Acquire(AcquireCmd {
             request_id: req(r),
             resource: res(0),
             holder: Holder::default(),
@@ -492,7 +488,7 @@ fn a_promoted_request_keeps_its_record_for_the_retention_after_its_promotion() {
             wait,
             lease_id: LeaseId::from_u128(u128::from(idx)),
             max_waiters: 5,
-        },
+        }),
     };
     sm.apply(1, &acq(1, false, 100, 1));
     sm.apply(2, &acq(2, true, 100, 2));

@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 
 use super::codec::{decode, encode, io_err};
 use crate::metrics::Metrics;
-use crate::types::TypeConfig;
+use crate::raft::TypeConfig;
 
 type Entry = <TypeConfig as openraft::RaftTypeConfig>::Entry;
 type Vote = <TypeConfig as openraft::RaftTypeConfig>::Vote;

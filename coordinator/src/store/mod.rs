@@ -1,14 +1,31 @@
 //! openraft storage on redb: the raft log and vote ([`LogStore`]) in one file,
 //! the lock state ([`StateMachineStore`]) in another (DESIGN §3.4).
+//!
+//! - `log_store` — the raft log and vote, with group commit.
+//! - `sm_store` — [`StateMachineStore`], openraft's `RaftStateMachine`:
+//!   applies in memory, hands each batch to the persister.
+//! - `persister` — the thread that writes the state file.
+//! - `tables` — the state file's tables, their rows, loading the state.
+//! - `snapshot` — snapshot formats (and migrating old ones), building,
+//!   installing, snapshot files.
+//! - `codec` — postcard, with errors that name what failed.
+
+use std::io::Cursor;
+
+use openraft::{LogId, StoredMembership};
+
+use crate::raft::TypeConfig;
 
 mod codec;
-
-pub(crate) use self::codec::{decode, encode};
 mod log_store;
+mod persister;
 mod sm_store;
+mod snapshot;
+mod tables;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use self::codec::{decode, encode};
 pub use self::log_store::{LogReader, LogStore};
 pub use self::sm_store::{ApplyObserver, NoObserver, StateMachineStore};
 
@@ -18,3 +35,8 @@ pub const LOG_FILE: &str = "raft-log.redb";
 pub const STATE_FILE: &str = "state.redb";
 /// Directory of snapshot files inside a data dir.
 pub const SNAPSHOT_DIR: &str = "snapshots";
+
+type LogIdT = LogId<openraft::alias::CommittedLeaderIdOf<TypeConfig>>;
+type Membership = StoredMembership<openraft::alias::CommittedLeaderIdOf<TypeConfig>, u64, openraft::BasicNode>;
+type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+type Snapshot = openraft::alias::SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;

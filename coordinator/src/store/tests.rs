@@ -9,7 +9,7 @@ use tempfile::TempDir;
 use super::*;
 use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::types::TypeConfig;
+use crate::raft::TypeConfig;
 
 struct RedbBuilder;
 
@@ -49,11 +49,11 @@ mod audit_order {
 
     use super::*;
     use crate::audit::{AUDIT_FILE, AuditConfig, AuditLog, read_audit_file};
-    use crate::state_machine::{Command, LogCommand};
+    use crate::state_machine::{AcquireCmd, Command, LogCommand};
     use crate::types::{Holder, LeaseId, RequestId, ResourceName};
 
     fn acquire(index: u64) -> EntryOf<TypeConfig> {
-        let cmd = Command::Acquire {
+        let cmd = Command::Acquire(AcquireCmd {
             request_id: RequestId::new(format!("request-{index:04}")).unwrap(),
             resource: ResourceName::new(format!("order/{index}")).unwrap(),
             // Long holders: a few dozen lines fill the 4 KiB audit file.
@@ -62,7 +62,7 @@ mod audit_order {
             wait: false,
             lease_id: LeaseId::from_u128(u128::from(index)),
             max_waiters: 8,
-        };
+        });
         EntryOf::<TypeConfig>::new_normal(
             openraft::testing::log_id::<TypeConfig>(1, 1, index),
             LogCommand { at_ms: index, cmd },

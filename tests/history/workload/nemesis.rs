@@ -73,7 +73,7 @@ async fn minority_clients(ctx: &Ctx, addr: &str, hold: Duration) {
             .await;
         let answer = match r {
             Ok(g) => Answer::Granted {
-                lease_id: g.lease_id.as_str().into(),
+                lease_id: g.lease_id.to_string(),
                 token: g.token.get(),
                 ttl_ms: g.ttl.as_millis() as u64,
             },

@@ -1,7 +1,7 @@
 //! Property tests of the token format (a bounded run on every `cargo test`;
 //! the coverage-guided fuzzers in `fuzz/` run the same parser for longer).
 
-use fencer_token::{KeyId, KeyRing, KeySet, MAX_TOKEN_BYTES, PresentedToken, Signer};
+use fencer_token::{KeyId, KeyRing, KeySet, MAX_TOKEN_BYTES, PresentedToken, ResourceName, Signer};
 use proptest::prelude::*;
 
 const NOW: u64 = 1_770_000_000_000;
@@ -20,7 +20,8 @@ proptest! {
     /// What is signed is what verifies, for every valid claim.
     #[test]
     fn sign_parse_verify_round_trips(
-        resource in "[A-Za-z0-9._:/-]{1,256}",
+        resource in "[A-Za-z0-9._:/-]{1,256}"
+            .prop_filter("a valid resource name (DESIGN §2)", |r| ResourceName::new(r.as_str()).is_ok()),
         token in any::<u64>(),
         lease_id in any::<u128>(),
         iat in 0..NOW,

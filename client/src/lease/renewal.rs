@@ -1,4 +1,4 @@
-//! The renewal task of a [`crate::Lease`] and its timing (DESIGN §5).
+//! The renewal task of a [`Lease`](super::Lease) and its timing (DESIGN §5).
 //!
 //! - A renewal is due every ttl/3 with ±10 % jitter, counted from the send
 //!   time of the last successful one.
@@ -22,11 +22,12 @@ use std::time::Duration;
 use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 
+use super::release::release_in_background;
+use super::state::{LeaseCore, LeaseState, LostReason};
 use crate::client::Client;
 use crate::clock::{self, Instant, jitter};
 use crate::error::{ClientError, Reason};
-use crate::lease::{LeaseCore, LeaseState, LostReason, release_in_background};
-use crate::types::LeaseId;
+use fencer_token::LeaseId;
 
 /// Spread of the renewal interval (±10 %).
 const RENEW_JITTER: f64 = 0.1;
@@ -99,12 +100,12 @@ impl ClientRenewer {
 
 impl Renewer for ClientRenewer {
     async fn renew(&self) -> Result<Duration, ClientError> {
-        let r = self.client.renew(&self.resource, self.lease_id.as_str()).await?;
+        let r = self.client.renew(&self.resource, &self.lease_id.to_string()).await?;
         Ok(Duration::from_millis(r.ttl_ms))
     }
 
     fn release_in_background(&self) {
-        release_in_background(self.client.clone(), self.resource.clone(), self.lease_id.clone());
+        release_in_background(self.client.clone(), self.resource.clone(), self.lease_id);
     }
 }
 
@@ -118,7 +119,7 @@ fn expire<R: Renewer>(core: &LeaseCore, renewer: &R) {
     }
 }
 
-/// Renews until stopped or lost. Owned by the [`crate::Lease`], which cancels
+/// Renews until stopped or lost. Owned by the [`Lease`](super::Lease), which cancels
 /// `stop` when it is released or dropped.
 pub(crate) async fn run<R: Renewer>(core: Arc<LeaseCore>, renewer: R, stop: CancellationToken) {
     let timing = core.timing;
@@ -190,15 +191,14 @@ pub(crate) async fn run<R: Renewer>(core: Arc<LeaseCore>, renewer: R, stop: Canc
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     //! The renewal rules on tokio's paused clock against a scripted server.
 
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::lease::Times;
-    use crate::types::FencingToken;
+    use crate::lease::test_core as core;
 
     #[derive(Clone)]
     pub(crate) enum Answer {
@@ -266,19 +266,6 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn core(ttl: Duration, granted_at: Instant) -> Arc<LeaseCore> {
-        let timing = Timing::new(ttl, None);
-        let times = Times { deadline: timing.deadline_from(granted_at), next_due: granted_at + timing.interval };
-        Arc::new(LeaseCore::new(
-            "orders/42".into(),
-            LeaseId::new("0123456789abcdef0123456789abcdef".into()),
-            FencingToken(7),
-            "request-0001".into(),
-            timing,
-            times,
-        ))
-    }
-
     const TTL: Duration = Duration::from_secs(30);
 
     #[tokio::test(start_paused = true)]
@@ -338,9 +325,10 @@ pub(crate) mod tests {
         assert!(clock::now() < deadline);
         tokio::time::sleep_until(deadline - Duration::from_millis(1)).await;
         assert_eq!(core.check(), LeaseState::Uncertain, "still uncertain just before the deadline");
-        let reason = tokio::time::timeout_at(deadline + Duration::from_millis(1), crate::lease::tests_wait_lost(&core))
-            .await
-            .expect("lost by the deadline");
+        let reason =
+            tokio::time::timeout_at(deadline + Duration::from_millis(1), super::super::state::tests_wait_lost(&core))
+                .await
+                .expect("lost by the deadline");
         assert_eq!(reason, LostReason::DeadlinePassed);
         assert_eq!(server.released.load(Ordering::SeqCst), 1, "an expired lease is given back");
         // Renewals kept being retried until then.

@@ -1,0 +1,131 @@
+//! What the gRPC and JSON front ends share: an Acquire run on a caller's
+//! behalf (permission, request rate, tenant quota), the span and metrics
+//! around every call, and the conversion of both requests to the service's.
+
+use fencer_proto::v1;
+use serde::Deserialize;
+use tracing::Instrument as _;
+
+use crate::clock::Clock;
+use crate::metrics::Metrics;
+use crate::service::{AcquireRequest, Granted, LockError, LockService};
+use crate::tenants::{Caller, Permission};
+
+/// An Acquire as a front end runs it: on `who`'s behalf, in its span, with
+/// its metrics.
+pub(super) async fn acquire(
+    svc: &LockService,
+    metrics: &Metrics,
+    who: Result<Caller, LockError>,
+    req: AcquireRequest,
+) -> Result<Granted, LockError> {
+    let (op, resource) = (acquire_op(req.wait_timeout_ms), req.resource.clone());
+    observed(metrics, op, &resource, async { acquire_as(svc, &who?, req).await }).await
+}
+
+/// An Acquire on `who`'s behalf, as both front ends make it: the permission
+/// and request-rate checks, the tenant's quota on the command (enforced at
+/// apply), and a limit refusal that names the tenant.
+async fn acquire_as(svc: &LockService, who: &Caller, mut req: AcquireRequest) -> Result<Granted, LockError> {
+    who.check(Permission::Acquire, &req.resource)?;
+    who.charge_request(&Clock)?;
+    req.quota = who.quota();
+    svc.acquire(req).await.map_err(|e| with_tenant(e, who))
+}
+
+/// Names the tenant in a limit refusal the state machine reported.
+fn with_tenant(e: LockError, caller: &Caller) -> LockError {
+    match e {
+        LockError::TenantLimit { tenant, limit, value } if tenant.is_empty() => {
+            LockError::TenantLimit { tenant: caller.name().to_string(), limit, value }
+        }
+        other => other,
+    }
+}
+
+/// The metric `op` of an Acquire: one that may queue is measured apart,
+/// its latency includes the wait.
+fn acquire_op(wait_timeout_ms: u64) -> &'static str {
+    if wait_timeout_ms == 0 { "acquire" } else { "acquire_wait" }
+}
+
+/// Runs one operation in its own span — `op`, `resource`, and as they
+/// become known `request_id`, `log_index` (recorded by the service) and
+/// `outcome` — records its metrics and logs its end at debug level. Every
+/// event logged while it runs carries these fields, which is how one call
+/// is followed from its arrival to the apply of its log entry (the apply
+/// logs the same `log_index`).
+pub(super) async fn observed<T>(
+    metrics: &Metrics,
+    op: &'static str,
+    resource: &str,
+    f: impl std::future::Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    let span = tracing::info_span!(
+        "call",
+        op,
+        resource,
+        request_id = tracing::field::Empty,
+        log_index = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    async move {
+        let started = Clock.now();
+        let r = f.await;
+        let outcome = match &r {
+            Ok(_) => "ok",
+            Err(e) => e.metric_outcome(),
+        };
+        let elapsed = started.elapsed();
+        metrics.observe_request(op, outcome, elapsed);
+        tracing::Span::current().record("outcome", outcome);
+        match &r {
+            Err(e) if outcome == "unknown" => tracing::warn!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call ended with an unknown outcome"),
+            Err(e) => tracing::debug!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call refused"),
+            Ok(_) => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "call done"),
+        }
+        r
+    }
+    .instrument(span)
+    .await
+}
+
+/// The body of `POST /v1/acquire`.
+#[derive(Deserialize)]
+pub(super) struct AcquireBody {
+    resource: String,
+    #[serde(default)]
+    request_id: String,
+    #[serde(default)]
+    ttl_ms: u64,
+    #[serde(default)]
+    wait_timeout_ms: u64,
+    #[serde(default)]
+    holder: String,
+}
+
+impl From<AcquireBody> for AcquireRequest {
+    fn from(b: AcquireBody) -> Self {
+        Self {
+            resource: b.resource,
+            request_id: b.request_id,
+            ttl_ms: b.ttl_ms,
+            wait_timeout_ms: b.wait_timeout_ms,
+            holder: b.holder,
+            quota: None,
+        }
+    }
+}
+
+impl From<v1::AcquireRequest> for AcquireRequest {
+    fn from(r: v1::AcquireRequest) -> Self {
+        Self {
+            resource: r.resource,
+            request_id: r.request_id,
+            ttl_ms: r.ttl_ms,
+            wait_timeout_ms: r.wait_timeout_ms,
+            holder: r.holder,
+            quota: None,
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! The lock operations of one node, shared by the gRPC and JSON front ends:
+//! validation, leadership checks, proposing through raft, parking waiters,
+//! linearizable reads. Errors are [`LockError`]; `api::errors` maps them to
+//! statuses.
+//!
+//! - this module — [`LockService`]: proposing a command, leadership and
+//!   quorum checks, linearizable reads.
+//! - `error` — [`LockError`].
+//! - `locks` — acquire (and its FIFO wait), renew, release, force-release,
+//!   get and list.
+//! - `status` — this node's view of the cluster: status, health, hot
+//!   resources; membership changes.
+//! - `keys` — the signing-key operations: signing grants, registering this
+//!   node's keys, rotation and retirement (the keys themselves are module
+//!   `signing`'s).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::ReadPolicy;
+use openraft::errors::{ClientWriteError, ForwardReason, ForwardToLeader, RaftError};
+use tokio::task::JoinHandle;
+use tracing::Instrument as _;
+
+use crate::clock::Clock;
+use crate::hot::HotTracker;
+use crate::lease_clock::LeaseClock;
+use crate::log_level::LogControlHandle;
+use crate::metrics::Metrics;
+use crate::policy::Policy;
+use crate::raft::{RaftHandle, TypeConfig};
+use crate::state_machine::{Command, LogCommand, Outcome};
+use crate::store::StateMachineStore;
+use crate::waiters::ParkedCalls;
+
+mod error;
+mod keys;
+mod locks;
+mod status;
+
+pub use self::error::LockError;
+pub(crate) use self::keys::register_keys;
+pub use self::locks::{AcquireRequest, ForceReleased, Granted, LockView, Released, Renewed};
+pub use self::status::{Health, MemberView, StatusView};
+
+pub(crate) struct ServiceInner {
+    pub(crate) raft: RaftHandle,
+    pub(crate) sm: StateMachineStore,
+    pub(crate) leases: Arc<LeaseClock>,
+    pub(crate) parked: Arc<ParkedCalls>,
+    pub(crate) policy: Policy,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) clock: Clock,
+    pub(crate) cluster: Arc<crate::bootstrap::ClusterId>,
+    /// The longest election timeout: the quorum lease and the health bound.
+    pub(crate) election_timeout: Duration,
+    /// Set when the node starts stopping: calls cut off by the stop are not
+    /// "callers that went away", so their queue slots are left for the
+    /// retries on the next leader to reclaim.
+    pub(crate) stopping: std::sync::atomic::AtomicBool,
+    /// The busiest resources (fed by the apply observer).
+    pub(crate) hot: Arc<HotTracker>,
+    /// Run-time log filter changes, when the process offers them.
+    pub(crate) log_control: Option<LogControlHandle>,
+    /// This node's token-signing keys (module `signing`).
+    pub(crate) keys: Arc<crate::signing::NodeKeys>,
+    /// How this node calls its peers (https with its certificate when the
+    /// cluster runs TLS): signing-key registrations go to the leader this way.
+    pub(crate) peer_tls: Option<tonic::transport::ClientTlsConfig>,
+}
+
+/// The lock operations of one node. Cheap to clone.
+#[derive(Clone)]
+pub struct LockService {
+    pub(crate) inner: Arc<ServiceInner>,
+}
+
+fn not_leader(f: &ForwardToLeader<TypeConfig>) -> LockError {
+    if f.reason == ForwardReason::LeaseExpired {
+        return LockError::NoQuorum;
+    }
+    LockError::NotLeader { leader_id: f.leader_id, leader_addr: f.leader_node.as_ref().map(|n| n.addr.clone()) }
+}
+
+pub(crate) fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> LockError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(&f),
+        RaftError::APIError(ClientWriteError::LogEntryDiscarded(_)) => {
+            LockError::Unknown("the leader changed before the write committed; retry with the same request id".into())
+        }
+        RaftError::APIError(e) => LockError::Internal(e.to_string()),
+        RaftError::Fatal(_) => LockError::ShuttingDown,
+    }
+}
+
+impl LockService {
+    pub(crate) fn new(inner: ServiceInner) -> Self {
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// Marks the node as stopping (see [`ServiceInner::stopping`]).
+    pub(crate) fn begin_stop(&self) {
+        self.inner.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    fn ensure_leader(&self) -> Result<(), LockError> {
+        self.inner.raft.as_leader().map(|_| ()).map_err(|f| not_leader(&f))
+    }
+
+    /// Proposes a command and waits for its outcome, at most the write timeout.
+    pub(crate) async fn propose(&self, cmd: Command) -> Result<Outcome, LockError> {
+        self.propose_indexed(cmd).await.map(|(_, outcome)| outcome)
+    }
+
+    /// As [`Self::propose`], with the log index of the entry.
+    async fn propose_indexed(&self, cmd: Command) -> Result<(u64, Outcome), LockError> {
+        let entry = LogCommand { at_ms: self.inner.clock.wall_ms(), cmd };
+        let started = self.inner.clock.now();
+        let write = async {
+            match self.inner.raft.client_write(entry.clone()).await {
+                // A leader elected a moment ago has no quorum acknowledgement
+                // yet and refuses proposals until its first heartbeat round
+                // returns. The refusal happened before anything was appended,
+                // so proposing again once a quorum answered is safe.
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
+                    if f.reason == ForwardReason::LeaseExpired && self.await_first_quorum_ack().await =>
+                {
+                    self.inner.raft.client_write(entry).await
+                }
+                other => other,
+            }
+        };
+        match tokio::time::timeout(self.inner.policy.write_timeout, write).await {
+            Err(_) => Err(LockError::Unknown(format!(
+                "the write did not commit within {:?}; retry with the same request id",
+                self.inner.policy.write_timeout
+            ))),
+            Ok(Err(e)) => Err(write_error(e)),
+            Ok(Ok(resp)) => {
+                self.inner.metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
+                tracing::Span::current().record("log_index", resp.log_id.index);
+                Ok((resp.log_id.index, resp.data))
+            }
+        }
+    }
+
+    /// Whether a quorum acknowledged this leader within one election timeout
+    /// (always true for a single voter): while it holds, openraft's leader
+    /// lease guarantees no other leader exists.
+    pub(crate) fn has_quorum_lease(&self) -> bool {
+        use openraft::rt::Instant as _;
+        let m = self.inner.raft.metrics();
+        let m = openraft::rt::watch::WatchReceiver::borrow_watched(&m);
+        if m.state != openraft::ServerState::Leader {
+            return false;
+        }
+        m.membership_config.membership().voter_ids().count() <= 1
+            || m.last_quorum_acked.as_ref().is_some_and(|t| t.into_inner().elapsed() < self.inner.election_timeout)
+    }
+
+    /// After a proposal was refused for want of a quorum lease: on a leader
+    /// that has not been acknowledged by a quorum yet in its term (just
+    /// elected), waits at most one election timeout for the first
+    /// acknowledgement, and says whether proposing again makes sense (also
+    /// when the acknowledgement arrived between the refusal and now). A
+    /// leader that had a quorum and lost it says no at once: NO_QUORUM.
+    async fn await_first_quorum_ack(&self) -> bool {
+        use openraft::rt::Instant as _;
+        let lease = self.inner.election_timeout;
+        let valid = |m: &openraft::RaftMetrics<TypeConfig>| {
+            m.last_quorum_acked.as_ref().is_some_and(|t| t.into_inner().elapsed() < lease)
+        };
+        let (leader, acked, valid_now) = {
+            let m = self.inner.raft.metrics();
+            let m = openraft::rt::watch::WatchReceiver::borrow_watched(&m);
+            (m.state == openraft::ServerState::Leader, m.last_quorum_acked.is_some(), valid(&m))
+        };
+        if !leader || valid_now {
+            return leader;
+        }
+        if acked {
+            return false;
+        }
+        self.inner
+            .raft
+            .wait(Some(lease))
+            .metrics(|m| m.state != openraft::ServerState::Leader || valid(m), "first quorum acknowledgement")
+            .await
+            .is_ok_and(|m| m.state == openraft::ServerState::Leader)
+    }
+
+    /// Proposes in a task of its own, so the write completes (and its outcome
+    /// can be acted on) even if the caller goes away.
+    fn propose_detached(&self, cmd: Command) -> JoinHandle<Result<Outcome, LockError>> {
+        let svc = self.clone();
+        tokio::spawn(async move { svc.propose(cmd).await }.in_current_span())
+    }
+
+    /// Waits until reads on this node are linearizable (ReadIndex, never lease reads).
+    pub(crate) async fn linearize(&self) -> Result<(), LockError> {
+        self.ensure_leader()?;
+        let read = tokio::time::timeout(
+            self.inner.policy.write_timeout,
+            self.inner.raft.ensure_linearizable(ReadPolicy::ReadIndex),
+        )
+        .await
+        .map_err(|_| LockError::NoQuorum)?;
+        match read {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f))) => {
+                Err(not_leader(&f))
+            }
+            Err(RaftError::APIError(_)) => Err(LockError::NoQuorum),
+            Err(RaftError::Fatal(_)) => Err(LockError::ShuttingDown),
+        }
+    }
+}
