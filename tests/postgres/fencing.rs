@@ -31,7 +31,11 @@ async fn t10_zombie_after_its_lease_is_refused() {
     assert_eq!(pg.rows(&su).await, [("B".to_owned(), 42)], "a stale write reached PostgreSQL");
 
     let admin = AdminClient::new(&proxy.admin_addr().to_string(), SOON).unwrap();
-    let page = admin.rejections(None, 10).await.unwrap();
+    // The rejection log is written asynchronously.
+    let page = fencer_testkit::eventually("the refusal in the rejection log", SOON, || async {
+        admin.rejections(None, 10).await.ok().filter(|p| p.rejections.len() >= 2)
+    })
+    .await;
     let refused = &page.rejections[0];
     assert_eq!(refused.reason, RejectReason::StaleToken);
     assert_eq!(refused.method, "INSERT", "the log names the statement's first keyword");
@@ -155,6 +159,13 @@ async fn t12_declaring_changing_and_clearing_the_token() {
     }
     // A malformed token value.
     expect_code(c.batch_execute("SET fencer.token = 'v1.not.a-token'").await, "FN002");
+    // A declaration with a non-ASCII byte is never taken as one (docs:
+    // Limits): it is fenced like any statement, here refused without a token.
+    c.batch_execute("RESET fencer.token").await.unwrap();
+    expect_code(c.batch_execute("SET fencer.token = '14é'").await, "FN002");
+    expect_code(c.batch_execute("SELECT 'é'; SET fencer.token = 14").await, "FN002");
+    // After its last token (a comment) it changes nothing PostgreSQL reads.
+    c.batch_execute("SET fencer.token = 14 /* é */").await.unwrap();
 
     // G8, in both protocols, even with a valid token.
     c.batch_execute("SET fencer.token = 14").await.unwrap();

@@ -10,16 +10,22 @@
 //!   transactions ended through the admin connection (G5).
 //! - `failures`: persist before forward across kill -9 (G6/P2), unknown
 //!   outcomes (G7).
+//! - `deployment`: signed tokens only (P7), one resource per database over
+//!   a unix socket (G10), the binary's flag form and `--check-config`.
+//! - `raw`: malformed frames close only their connection; FunctionCall is
+//!   fenced (G1, G3).
 //! - `protocol`: the relay (G1): extended protocol with pipelining, COPY,
 //!   cancel, NOTIFY, TLS, SCRAM, a large COPY, many idle connections.
 
 #![allow(unreachable_pub)]
 
 mod classifier;
+mod deployment;
 mod failures;
 mod fencing;
 mod fixture;
 mod protocol;
+mod raw;
 mod transactions;
 
 use std::time::Duration;

@@ -394,7 +394,10 @@ impl Session {
             }
             End::ClientProtocol(e) => {
                 tracing::warn!(peer = %id.peer, error = %e, "closing a PostgreSQL connection: malformed client message");
-                Some(protocol::error_response(Severity::Fatal, "08P01", &e.to_string(), None, None))
+                // What PostgreSQL answers: program_limit_exceeded for a
+                // message above a limit, protocol_violation otherwise.
+                let code = if matches!(e, ProtocolError::TooLarge { .. }) { "54000" } else { "08P01" };
+                Some(protocol::error_response(Severity::Fatal, code, &e.to_string(), None, None))
             }
             End::UpstreamProtocol(e) => {
                 tracing::error!(peer = %id.peer, error = %e, "closing a PostgreSQL connection: malformed upstream message");
