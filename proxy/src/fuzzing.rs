@@ -11,6 +11,8 @@
 //! - [`resource_name`]: the DESIGN §2 name rules against an oracle.
 //! - [`config_text`]: the `proxy.toml` loader.
 //! - [`key_set`]: the signing key-set file.
+//! - [`pg_frames`], [`pg_sql`], [`pg_options`]: the PostgreSQL front end's
+//!   framing, statement classifier and startup `options` reader.
 
 use std::sync::OnceLock;
 
@@ -588,11 +590,154 @@ pub fn pg_options(data: &[u8]) {
     }
 }
 
+/// The PostgreSQL framing (`postgres::protocol`), read as the sidecar reads
+/// a connection: a startup packet, then a stream of messages (a 1-byte tag
+/// and a 4-byte length that counts itself). Nothing panics; a startup
+/// packet is accepted only within PostgreSQL's bounds, and a parsed
+/// StartupMessage re-encoded parses the same; a header either is refused
+/// with a reason or covers at least its own length; every body a parser
+/// accepts is rebuilt byte for byte by the sidecar's own writers (Query,
+/// Parse, AuthenticationSASL, ErrorResponse); the fields the rules read are
+/// NUL-free slices of the body; the ASCII prefix is ASCII.
+pub fn pg_frames(data: &[u8]) {
+    use crate::postgres::protocol::*;
+    use bytes::Bytes;
+    if let Some(head) = data.first_chunk::<4>() {
+        match startup_length(*head) {
+            Ok(len) => {
+                assert!((8..=MAX_STARTUP_PACKET).contains(&len));
+                if let Some(packet) = data.get(..len) {
+                    match parse_startup(Bytes::copy_from_slice(packet)) {
+                        Ok(Startup::Message { version, params, raw }) => {
+                            assert_eq!(raw.as_ref(), packet);
+                            let mut again = Vec::with_capacity(len);
+                            again.extend_from_slice(&[0; 4]);
+                            again.extend_from_slice(&version.to_be_bytes());
+                            for (k, v) in &params {
+                                assert!(!k.is_empty() && !k.contains('\0') && !v.contains('\0'));
+                                again.extend_from_slice(k.as_bytes());
+                                again.push(0);
+                                again.extend_from_slice(v.as_bytes());
+                                again.push(0);
+                            }
+                            again.push(0);
+                            let n = again.len() as u32;
+                            again[..4].copy_from_slice(&n.to_be_bytes());
+                            assert_eq!(again, packet, "a StartupMessage re-encodes to its own bytes");
+                        }
+                        Ok(Startup::Cancel { raw, key, .. }) => {
+                            assert_eq!(raw.as_ref(), packet);
+                            assert!((4..=MAX_CANCEL_KEY).contains(&key.len()));
+                        }
+                        Ok(Startup::Ssl | Startup::GssEnc) => assert_eq!(len, 8),
+                        Err(e) => assert!(!e.to_string().is_empty()),
+                    }
+                }
+            }
+            Err(e) => assert!(matches!(e, ProtocolError::StartupLength(_)), "{e:?}"),
+        }
+    }
+    let mut rest = data;
+    loop {
+        let header = match Header::parse(rest) {
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                assert!(rest.len() < 5);
+                break;
+            }
+            Err(e) => {
+                assert!(matches!(e, ProtocolError::Length { .. }) && !e.to_string().is_empty());
+                break;
+            }
+        };
+        assert_eq!(header.total(), header.body_len + 5);
+        let Some(frame) = rest.get(..header.total()) else { break };
+        let body = &frame[5..];
+        assert_eq!(message(header.tag, body).as_ref(), frame, "a message re-encodes to its own bytes");
+        match frontend_kind(header.tag, 1024) {
+            Ok(FrontendKind::Whole { limit }) => assert!(limit >= 1024),
+            Ok(_) => {}
+            Err(e) => assert!(matches!(e, ProtocolError::UnknownFrontendTag(_))),
+        }
+        let nul_free = |b: &[u8]| !b.contains(&0);
+        match header.tag {
+            b'Q' => {
+                if let Ok(q) = query_message(body) {
+                    assert!(nul_free(q));
+                    assert!(ascii_prefix(q) <= q.len() && q[..ascii_prefix(q)].is_ascii());
+                    if let Ok(text) = std::str::from_utf8(q) {
+                        assert_eq!(query(text).as_ref(), frame, "Query rebuilds");
+                    }
+                }
+            }
+            b'P' => {
+                if let Ok((name, q)) = parse_message(body) {
+                    assert!(nul_free(name) && nul_free(q));
+                    if let (Ok(n), Ok(t)) = (std::str::from_utf8(name), std::str::from_utf8(q))
+                        && body.len() == name.len() + q.len() + 4
+                        && body.ends_with(&[0, 0])
+                    {
+                        assert_eq!(parse(n, t).as_ref(), frame, "Parse rebuilds");
+                    }
+                }
+            }
+            b'B' => {
+                if let Some((portal, statement)) = bind_names(&body[..body.len().min(BIND_PREFIX_LIMIT)]) {
+                    assert!(nul_free(portal) && nul_free(statement));
+                }
+            }
+            b'C' | b'D' => {
+                if let Ok((kind, name)) = target(header.tag, body) {
+                    assert!(matches!(kind, b'S' | b'P') && nul_free(name));
+                    assert_eq!(body.len(), name.len() + 2);
+                }
+            }
+            b'K' => {
+                if let Ok((pid, key)) = backend_key(body) {
+                    assert_eq!(pid.to_be_bytes(), body[..4]);
+                    assert_eq!(key.as_ref(), &body[4..]);
+                }
+            }
+            b'R' => {
+                if let Ok(mechanisms) = sasl_mechanisms(body) {
+                    assert!(mechanisms.iter().all(|m| !m.is_empty() && nul_free(m)));
+                    let offer = sasl_offer(&mechanisms);
+                    assert_eq!(sasl_mechanisms(&offer[5..]).ok(), Some(mechanisms.clone()), "an offer round-trips");
+                }
+            }
+            b'S' => {
+                if let Some((name, value)) = parameter_status(body) {
+                    assert!(nul_free(name) && nul_free(value));
+                }
+            }
+            _ => {}
+        }
+        // ErrorResponse ('E', also the frontend's Execute) and NoticeResponse.
+        if matches!(header.tag, b'E' | b'N') {
+            let (code, text) = error_fields(body);
+            assert!(code.is_none_or(nul_free) && text.is_none_or(nul_free));
+            if let (Some(code), Some(text)) = (code, text)
+                && let (Ok(code), Ok(text)) = (std::str::from_utf8(code), std::str::from_utf8(text))
+            {
+                let ours = error_response(Severity::Error, code, text, None, None);
+                assert_eq!(error_fields(&ours[5..]), (Some(code.as_bytes()), Some(text.as_bytes())));
+            }
+        }
+        if header.tag == b'E'
+            && let Ok(portal) = execute_portal(body)
+        {
+            assert_eq!(body.len(), portal.len() + 5);
+        }
+        rest = &rest[header.total()..];
+    }
+}
+
 /// The PostgreSQL checks by target name (the cargo-fuzz binaries).
 pub fn pg_check_by_name(target: &str) -> Option<fn(&[u8])> {
     Some(match target {
         "pg_sql" => pg_sql,
         "pg_options" => pg_options,
+        "pg_frames" => pg_frames,
         _ => return None,
     })
 }
@@ -625,7 +770,33 @@ pub fn pg_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("pg_options", text("-cfencer.token=1 --fencer.resource=pg/app -c search_path=a\\ b\\\\c")),
         ("pg_options", text("-ec fencer.token=8 -D -cx=1 -- ")),
         ("pg_options", text("-c fencer.token")),
+        ("pg_frames", pg_frame_stream(true)),
+        ("pg_frames", pg_frame_stream(false)),
     ]
+}
+
+/// A startup packet followed by the messages of one extended-protocol
+/// round trip from both directions (with `startup`), or the messages alone.
+fn pg_frame_stream(startup: bool) -> Vec<u8> {
+    use crate::postgres::protocol::{Severity, error_response, message, parse, query, sasl_offer};
+    let mut out = Vec::new();
+    if startup {
+        let params = b"\0\x03\0\0user\0app\0database\0shop\0options\0-c fencer.token=7\0\0";
+        out.extend_from_slice(&(params.len() as u32 + 4).to_be_bytes());
+        out.extend_from_slice(params);
+    }
+    out.extend_from_slice(&query("SET fencer.token = 42; INSERT INTO t VALUES (1)"));
+    out.extend_from_slice(&parse("s1", "UPDATE t SET a = $1"));
+    out.extend_from_slice(&message(b'B', b"p1\0s1\0\0\0\0\x01\0\0\0\x011\0\0"));
+    out.extend_from_slice(&message(b'E', b"p1\0\0\0\0\0"));
+    out.extend_from_slice(&message(b'D', b"Pp1\0"));
+    out.extend_from_slice(&message(b'S', b""));
+    out.extend_from_slice(&message(b'K', &[0, 0, 0x30, 0x39, 1, 2, 3, 4]));
+    out.extend_from_slice(&sasl_offer(&[b"SCRAM-SHA-256-PLUS", b"SCRAM-SHA-256"]));
+    out.extend_from_slice(&message(b'S', b"standard_conforming_strings\0on\0"));
+    out.extend_from_slice(&error_response(Severity::Error, "FN001", "stale token", Some("d"), None));
+    out.extend_from_slice(&message(b'Z', b"I"));
+    out
 }
 
 #[cfg(test)]
@@ -707,12 +878,39 @@ mod pg_tests {
         ]
     }
 
+    /// Well-framed messages of the types the sidecar reads, with bodies
+    /// made of NUL-rich bytes, so the body parsers meet every shape.
+    fn pg_frames_like() -> impl Strategy<Value = Vec<u8>> {
+        let tag = proptest::sample::select(b"QPBECDSHKRNZFdpX".to_vec());
+        let byte = proptest::sample::select(vec![0u8, 0, 0, b'a', b'S', b'P', b'I', 0x80, 1, 10, 0xff]);
+        let body = proptest::collection::vec(byte, 0..24);
+        proptest::collection::vec((tag, body), 1..8).prop_map(|frames| {
+            frames.into_iter().flat_map(|(t, b)| crate::postgres::protocol::message(t, &b).to_vec()).collect()
+        })
+    }
+
     proptest! {
         #![proptest_config(config())]
 
         #[test]
         fn pg_sql_checks(data in sql_like()) {
             pg_sql(&data);
+        }
+
+        #[test]
+        fn pg_frames_checks(data in prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..300),
+            pg_frames_like(),
+            (any::<bool>(), proptest::collection::vec((0..400usize, any::<u8>()), 0..6)).prop_map(|(startup, edits)| {
+                let mut d = pg_frame_stream(startup);
+                for (at, b) in edits {
+                    let at = at % d.len();
+                    d[at] = b;
+                }
+                d
+            }),
+        ]) {
+            pg_frames(&data);
         }
 
         #[test]
