@@ -14,7 +14,8 @@ use crate::{SOON, expect_code};
 /// and goes silent; B's higher token ends A's backend and writes, and B's
 /// row becomes visible only after A's backend is gone from
 /// `pg_stat_activity`; A's later COMMIT fails; only B's row is in the
-/// table.
+/// table. Then COMMIT itself is fenced: an open transaction whose token
+/// fell behind cannot commit (FN001), and ROLLBACK still can.
 #[tokio::test]
 async fn t20_zombie_in_a_transaction() {
     let Some(pg) = require_postgres("t20_zombie_in_a_transaction") else { return };
@@ -53,6 +54,16 @@ async fn t20_zombie_in_a_transaction() {
     let status = metrics.resource("pg/postgres").await.unwrap();
     assert_eq!(status.epoch, 42);
     assert!(status.indeterminate.is_none(), "an idle transaction ended by the sidecar left an unknown outcome");
+
+    // COMMIT is fenced like a write, not let through like ROLLBACK: a
+    // transaction that began with 41 before the epoch moved past it (BEGIN
+    // takes no guard) cannot commit with 41; ROLLBACK always can.
+    let c = connect_as(addr, "app", None, "stale-c", None).await.unwrap();
+    c.batch_execute("SET fencer.token = 42; BEGIN").await.unwrap();
+    let d = connect_as(addr, "app", None, "writer-d", None).await.unwrap();
+    d.batch_execute("SET fencer.token = 43; INSERT INTO fenced (writer, token) VALUES ('D', 43)").await.unwrap();
+    expect_code(c.batch_execute("COMMIT").await, "FN001");
+    c.batch_execute("ROLLBACK").await.expect("ROLLBACK needs no current token");
     proxy.shutdown().await;
 }
 

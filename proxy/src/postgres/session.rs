@@ -266,6 +266,14 @@ enum Class {
     Fenced(&'static str),
 }
 
+/// ROLLBACK / ABORT (not ROLLBACK PREPARED, a two-phase statement): it can
+/// only undo, so it needs no token and takes no guard, and a fenced-out
+/// client can always leave its transaction. COMMIT is not among them: it
+/// makes the transaction's writes durable, so it is fenced like a write.
+fn only_undoes(kind: &StatementKind, keyword: &str) -> bool {
+    matches!(kind, StatementKind::Other) && matches!(keyword, "ROLLBACK" | "ABORT")
+}
+
 impl Class {
     fn of(kind: StatementKind, keyword: &'static str) -> Self {
         match kind {
@@ -277,7 +285,7 @@ impl Class {
             | StatementKind::DiscardAll) => Self::Declaration(k),
             StatementKind::Begin => Self::Begin,
             StatementKind::CopyFromStdin => Self::CopyFromStdin,
-            StatementKind::Other if matches!(keyword, "ROLLBACK" | "ABORT") => Self::Rollback,
+            ref k if only_undoes(k, keyword) => Self::Rollback,
             _ => Self::Fenced(keyword),
         }
     }
@@ -1065,9 +1073,7 @@ where
                     decls.push(k);
                 }
                 StatementKind::Begin => needs_token = true,
-                // It can only undo: a fenced-out client can always leave
-                // its transaction.
-                StatementKind::Other if matches!(st.keyword, "ROLLBACK" | "ABORT") => {}
+                ref k if only_undoes(k, st.keyword) => {}
                 _ => {
                     fenced.get_or_insert(st.keyword);
                 }
