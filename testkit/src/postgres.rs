@@ -85,44 +85,54 @@ impl TestPostgres {
         run_as(self.as_postgres, &self.bin.join(tool), args)
     }
 
-    /// `initdb`, the configuration, `pg_ctl -w start`.
+    /// `initdb`, the configuration, `pg_ctl -w start`; panics (a test
+    /// fixture) when the server cannot start.
     pub fn start(bin: PathBuf) -> Self {
-        let dir = tempfile::Builder::new().prefix("fencer-pg-").tempdir().expect("a temporary directory");
+        Self::try_start(bin).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`TestPostgres::start`], answering why when the server cannot start
+    /// (for `fencer bench --postgres`).
+    pub fn try_start(bin: PathBuf) -> Result<Self, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("fencer-pg-")
+            .tempdir()
+            .map_err(|e| format!("a temporary directory: {e}"))?;
         let root = dir.path().to_owned();
+        let root_arg = root.to_str().ok_or("the temporary directory's path is not UTF-8")?.to_owned();
         let as_postgres = is_root();
         if as_postgres {
-            run_as(false, Path::new("chown"), &["-R", "postgres", root.to_str().expect("a UTF-8 path")])
-                .expect("the directory handed to the postgres user");
+            run_as(false, Path::new("chown"), &["-R", "postgres", &root_arg])
+                .map_err(|e| format!("handing the directory to the postgres user: {e}"))?;
         }
         let data = root.join("data");
-        let data_arg = data.to_str().expect("a UTF-8 path");
+        let data_arg = format!("{root_arg}/data");
         let port = crate::free_port();
         let pg = Self { dir, data: data.clone(), bin, port, as_postgres };
-        pg.run("initdb", &["-D", data_arg, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])
-            .expect("initdb");
+        pg.run("initdb", &["-D", &data_arg, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])?;
         let hba = "local all all trust\n\
                    host all scram_user 127.0.0.1/32 scram-sha-256\n\
                    host all fencer_admin 127.0.0.1/32 scram-sha-256\n\
                    host all all 127.0.0.1/32 trust\n";
-        std::fs::write(data.join("pg_hba.conf"), hba).expect("write pg_hba.conf");
+        let write = |name: &str, text: &str| {
+            std::fs::write(data.join(name), text).map_err(|e| format!("writing {}: {e}", data.join(name).display()))
+        };
+        write("pg_hba.conf", hba)?;
         let mut conf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap_or_default();
         conf.push_str(&format!(
-            "\nlisten_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\n\
+            "\nlisten_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{root_arg}'\n\
              max_connections = 700\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\
-             shared_buffers = 64MB\nlog_min_messages = warning\n",
-            root.display()
+             shared_buffers = 64MB\nlog_min_messages = warning\ntrack_commit_timestamp = on\n"
         ));
-        std::fs::write(data.join("postgresql.conf"), conf).expect("write postgresql.conf");
+        write("postgresql.conf", &conf)?;
         if as_postgres {
-            let _ = run_as(false, Path::new("chown"), &["-R", "postgres", root.to_str().expect("a UTF-8 path")]);
+            let _ = run_as(false, Path::new("chown"), &["-R", "postgres", &root_arg]);
         }
-        let log = root.join("postgres.log");
-        let started =
-            pg.run("pg_ctl", &["-D", data_arg, "-l", log.to_str().expect("a UTF-8 path"), "-w", "-t", "60", "start"]);
-        if let Err(e) = started {
-            panic!("{e}\nserver log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        let log = format!("{root_arg}/postgres.log");
+        if let Err(e) = pg.run("pg_ctl", &["-D", &data_arg, "-l", &log, "-w", "-t", "60", "start"]) {
+            return Err(format!("{e}\nserver log:\n{}", std::fs::read_to_string(&log).unwrap_or_default()));
         }
-        pg
+        Ok(pg)
     }
 
     /// The server's loopback address.

@@ -10,11 +10,13 @@
 //! - `t60_short_fault_run_keeps_every_invariant`: CI, every fault once.
 //! - `t60_influxdb_fault_run_keeps_every_invariant`: the same against a real
 //!   InfluxDB (loud SKIPPED without `influxd`).
+//! - `t60_postgres_fault_run_keeps_every_invariant`: the same through the
+//!   PostgreSQL sidecar against a real PostgreSQL (loud SKIPPED without one).
 //! - `t60_long_fault_run_keeps_every_invariant` (ignored): every fault, then
 //!   random ones for `FENCER_HISTORY_SECS` (default 300).
 
 use crate::workload::nemesis::Fault;
-use crate::workload::{self, Config, Outcome};
+use crate::workload::{self, Backend, Config, Outcome};
 
 /// The run did real work: without it a clean result proves nothing.
 fn assert_meaningful(o: &Outcome, config: &Config) {
@@ -55,7 +57,7 @@ async fn t60_short_fault_run_keeps_every_invariant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t60_influxdb_fault_run_keeps_every_invariant() {
     let config = Config {
-        influx: true,
+        backend: Backend::Influx,
         duration: std::time::Duration::from_secs(30),
         schedule: vec![
             Fault::KillLeader,
@@ -69,6 +71,40 @@ async fn t60_influxdb_fault_run_keeps_every_invariant() {
     if !fencer_testkit::influxdb::installed("t60_influxdb_fault_run_keeps_every_invariant") {
         return;
     }
+    let o = workload::run(config.clone()).await;
+    assert_clean(&o);
+    assert_meaningful(&o, &config);
+}
+
+/// The same against a real PostgreSQL behind the PostgreSQL sidecar (G1–G8):
+/// writes are transactions (`BEGIN; INSERT; COMMIT`), a paused client is
+/// sometimes paused inside its open transaction (the sidecar must end it,
+/// G5), and the applied order is PostgreSQL's commit order. Loud SKIPPED
+/// without PostgreSQL (a failure when `CI=true`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t60_postgres_fault_run_keeps_every_invariant() {
+    if fencer_testkit::postgres::installed("t60_postgres_fault_run_keeps_every_invariant").is_none() {
+        return;
+    }
+    // Few resources and many pauses: zombies meet newer holders often.
+    let config = Config {
+        backend: Backend::Postgres,
+        duration: std::time::Duration::from_secs(35),
+        resources: 2,
+        cold_resources: 2,
+        cold_probability: 0.1,
+        pause_probability: 0.15,
+        schedule: vec![
+            Fault::PauseClient,
+            Fault::KillLeader,
+            Fault::PauseClient,
+            Fault::KillProxy,
+            Fault::PauseClient,
+            Fault::IsolateLeader,
+            Fault::PauseClient,
+        ],
+        ..Config::short("postgres")
+    };
     let o = workload::run(config.clone()).await;
     assert_clean(&o);
     assert_meaningful(&o, &config);

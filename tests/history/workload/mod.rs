@@ -27,7 +27,7 @@ use fencer_proxy::testing::{TestClient, TestUpstream};
 
 use self::nemesis::Fault;
 use self::proxy::{ProxyProc, Routes};
-use self::upstream::{InfluxRecorder, Recording};
+use self::upstream::{InfluxRecorder, PgRecorder, Recording};
 use fencer_testkit::ProcCluster;
 use fencer_testkit::history::{self, History, Op, UpstreamEvent, Violation, report};
 
@@ -90,7 +90,19 @@ pub struct Config {
     /// Bound on each client's rounds (each round is one lease).
     pub max_rounds_per_worker: usize,
     /// The upstream behind the proxy.
-    pub influx: bool,
+    pub backend: Backend,
+}
+
+/// What the proxy protects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The in-process recording test upstream (HTTP).
+    Test,
+    /// A real InfluxDB 1.x behind a recording relay (HTTP).
+    Influx,
+    /// A real PostgreSQL behind `fencer proxy --protocol postgres`: one
+    /// database per resource; the applied order is the commit order.
+    Postgres,
 }
 
 impl Config {
@@ -111,15 +123,23 @@ impl Config {
             schedule: Fault::ALL.to_vec(),
             random_after_schedule: false,
             max_rounds_per_worker: 10_000,
-            influx: false,
+            backend: Backend::Test,
         }
     }
 
     /// The long run: every fault once, then random faults until
-    /// `FENCER_HISTORY_SECS` (default 300) have passed.
+    /// `FENCER_HISTORY_SECS` (default 300) have passed, against
+    /// `FENCER_HISTORY_BACKEND` (`test`, the default; `influxdb`;
+    /// `postgres`).
     pub fn long(run_id: &str) -> Self {
         let secs = std::env::var("FENCER_HISTORY_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+        let backend = match std::env::var("FENCER_HISTORY_BACKEND").as_deref() {
+            Ok("influxdb") => Backend::Influx,
+            Ok("postgres") => Backend::Postgres,
+            _ => Backend::Test,
+        };
         Self {
+            backend,
             duration: Duration::from_secs(secs),
             workers: 8,
             random_after_schedule: true,
@@ -145,6 +165,9 @@ pub struct Ctx {
     pub proxy_addr: SocketAddr,
     pub routes: Routes,
     pub http: TestClient,
+    /// The PostgreSQL sidecar's clients' password-less role, when the
+    /// backend is PostgreSQL.
+    pub pg_user: &'static str,
     stop: AtomicBool,
     pauses: Mutex<BTreeSet<usize>>,
     faults: Mutex<Vec<(Duration, String)>>,
@@ -197,19 +220,23 @@ pub const COORDINATOR_ARGS: &[&str] =
     &["--heartbeat", "100ms", "--election-timeout", "300ms", "--snapshot-every", "1000"];
 
 /// Runs the workload and checks the history. A configuration with InfluxDB
-/// needs `influxd`: check [`fencer_testkit::influxdb::installed`] first.
+/// needs `influxd` (check [`fencer_testkit::influxdb::installed`] first),
+/// one with PostgreSQL a PostgreSQL (`fencer_testkit::postgres::installed`).
 pub async fn run(config: Config) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let databases: Vec<String> = (0..config.resources)
         .map(|i| format!("h{i}"))
         .chain((0..config.cold_resources).map(|i| format!("c{i}")))
         .collect();
-    let (recording, routes) = if config.influx {
-        (Recording::Influx(InfluxRecorder::start(dir.path(), &databases).await), Routes::Influx)
-    } else {
-        (Recording::Test(TestUpstream::start().await.unwrap()), Routes::Paths)
+    let (recording, routes) = match config.backend {
+        Backend::Influx => (Recording::Influx(InfluxRecorder::start(dir.path(), &databases).await), Routes::Influx),
+        Backend::Test => (Recording::Test(TestUpstream::start().await.unwrap()), Routes::Paths),
+        Backend::Postgres => (Recording::Postgres(PgRecorder::start(dir.path(), &databases).await), Routes::Postgres),
     };
-    let mut proxy = ProxyProc::start(dir.path().join("proxy"), &recording.url(), routes).await;
+    let mut proxy = match &recording {
+        Recording::Postgres(pg) => ProxyProc::start_postgres(dir.path().join("proxy"), pg).await,
+        _ => ProxyProc::start(dir.path().join("proxy"), &recording.url(), routes).await,
+    };
     let mut cluster = ProcCluster::start_relayed(3, COORDINATOR_ARGS).await;
     let history = Arc::new(History::new());
     cluster.net.as_ref().expect("relayed").record_into(history.clone());
@@ -218,6 +245,7 @@ pub async fn run(config: Config) -> Outcome {
         proxy_addr: proxy.listen,
         routes,
         http: TestClient::new(),
+        pg_user: "app",
         history: history.clone(),
         stop: AtomicBool::new(false),
         pauses: Mutex::default(),
@@ -246,7 +274,7 @@ pub async fn run(config: Config) -> Outcome {
     // Let the upstream see whatever the proxy still had in flight.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let ops = history.ops();
-    let upstream = name_resources(recording.events(), &ops);
+    let upstream = name_resources(recording.events().await, &ops);
     let mut violations = history::check(&ops, &upstream);
     if let Recording::Influx(r) = &recording {
         violations.extend(influx_holds_exactly_the_applied_writes(r, &databases, &upstream).await);

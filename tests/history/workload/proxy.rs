@@ -17,6 +17,8 @@ pub enum Routes {
     Paths,
     /// InfluxDB 1.x: `POST /write?db={name}` → `res/{name}`.
     Influx,
+    /// The PostgreSQL sidecar: database `{name}` → `res/{name}`.
+    Postgres,
 }
 
 /// `fencer proxy`, restartable on its data dir and ports.
@@ -45,8 +47,49 @@ impl ProxyProc {
         let config = match routes {
             Routes::Paths => config.write(&["POST"], "/w/{name}", "res/{name}"),
             Routes::Influx => config.write_if(&["POST"], "/write", ("db", "{name}"), "res/{name}"),
+            Routes::Postgres => unreachable!("start_postgres"),
         };
         let config = config.write_to(&dir.join("proxy.toml"));
+        Self::launch(listen, admin, dir, config).await
+    }
+
+    /// `fencer proxy --protocol postgres` in front of `pg`: resource
+    /// `res/{database}`, older transactions ended through the admin
+    /// connection after 300 ms (G5), a 5 s statement timeout (G7).
+    pub async fn start_postgres(dir: PathBuf, pg: &super::upstream::PgRecorder) -> Self {
+        std::fs::create_dir_all(&dir).unwrap();
+        let (listen, admin) = (free_addr(), free_addr());
+        let text = format!(
+            r#"protocol = "postgres"
+listen = "{listen}"
+admin = "{admin}"
+data_dir = "{data}"
+
+[timeouts]
+quarantine = "1s"
+shutdown_grace = "2s"
+
+[postgres]
+upstream = "{upstream}"
+resource = "res/{{database}}"
+drain_timeout = "300ms"
+terminate_timeout = "3s"
+statement_timeout = "5s"
+
+[postgres.admin]
+user = "fencer_admin"
+password_file = "{password}"
+"#,
+            data = dir.join("data").display(),
+            upstream = pg.pg.addr(),
+            password = pg.admin_password_file.display(),
+        );
+        let config = dir.join("proxy.toml");
+        std::fs::write(&config, text).unwrap();
+        Self::launch(listen, admin, dir, config).await
+    }
+
+    async fn launch(listen: SocketAddr, admin: SocketAddr, dir: PathBuf, config: PathBuf) -> Self {
         let mut p = Self { listen, admin, dir, config, proc: None, starts: 0 };
         p.spawn(true);
         p.wait_live().await;

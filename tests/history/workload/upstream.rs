@@ -3,7 +3,11 @@
 //! - [`TestUpstream`] (`fencer_proxy::testing`), in process;
 //! - a real InfluxDB 1.x (the kit's throwaway `influxd`) behind an
 //!   in-process recording relay that notes each write's arrival and, once
-//!   InfluxDB answered 2xx, its application.
+//!   InfluxDB answered 2xx, its application;
+//! - a real PostgreSQL (the kit's throwaway server) behind the PostgreSQL
+//!   sidecar: one database per resource, each with a `writes` table; what
+//!   was applied, and in which order, is read from PostgreSQL itself after
+//!   the run, in commit order (`track_commit_timestamp`).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -24,6 +28,7 @@ use fencer_testkit::influxdb::Influxd;
 pub enum Recording {
     Test(TestUpstream),
     Influx(InfluxRecorder),
+    Postgres(PgRecorder),
 }
 
 impl Recording {
@@ -31,12 +36,13 @@ impl Recording {
         match self {
             Recording::Test(u) => u.url(),
             Recording::Influx(r) => format!("http://{}", r.addr),
+            Recording::Postgres(r) => r.pg.addr().to_string(),
         }
     }
 
     /// The record, in order, with each applied write named by its body
     /// (the test upstream) or its `X-Request-Id` (the InfluxDB relay).
-    pub fn events(&self) -> Vec<UpstreamEvent> {
+    pub async fn events(&self) -> Vec<UpstreamEvent> {
         match self {
             Recording::Test(u) => {
                 let mut taken: BTreeMap<u64, usize> = BTreeMap::new();
@@ -58,7 +64,69 @@ impl Recording {
                 out
             }
             Recording::Influx(r) => r.events.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            Recording::Postgres(r) => r.applied().await,
         }
+    }
+}
+
+/// A real PostgreSQL with one database per resource (`h0`, `c3`, …, the
+/// resource `res/{database}`), each with
+/// `writes (seq, token, write_id)`; commit timestamps are tracked.
+pub struct PgRecorder {
+    pub pg: fencer_testkit::postgres::TestPostgres,
+    pub databases: Vec<String>,
+    /// The admin role's password, for the sidecar's `[postgres.admin]`.
+    pub admin_password_file: std::path::PathBuf,
+}
+
+impl PgRecorder {
+    pub async fn start(dir: &Path, databases: &[String]) -> Self {
+        let bin = fencer_testkit::postgres::installed("the PostgreSQL history run").expect("PostgreSQL is installed");
+        let pg = fencer_testkit::postgres::TestPostgres::start(bin);
+        let su = pg.setup().await;
+        for db in databases {
+            su.batch_execute(&format!("CREATE DATABASE {db} OWNER app")).await.unwrap();
+            let mut config = tokio_postgres::Config::new();
+            config.host("127.0.0.1").port(pg.port()).user("app").dbname(db);
+            let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+            let task = tokio::spawn(conn);
+            client
+                .batch_execute(
+                    "CREATE TABLE writes (seq bigserial PRIMARY KEY, token bigint NOT NULL, write_id text NOT NULL)",
+                )
+                .await
+                .unwrap();
+            drop(client);
+            let _ = task.await;
+        }
+        let admin_password_file = dir.join("pg-admin-password");
+        std::fs::write(&admin_password_file, fencer_testkit::postgres::SCRAM_PASSWORD).unwrap();
+        Self { pg, databases: databases.to_vec(), admin_password_file }
+    }
+
+    /// Every committed write, per resource in commit order. PostgreSQL keeps
+    /// no record of statements it refused or rolled back, so a write
+    /// "reaches" it (I3's arrival) when it commits: each row is an arrival
+    /// and an application, at its commit.
+    async fn applied(&self) -> Vec<UpstreamEvent> {
+        let mut out = Vec::new();
+        for db in &self.databases {
+            let mut config = tokio_postgres::Config::new();
+            config.host("127.0.0.1").port(self.pg.port()).user("postgres").dbname(db);
+            let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(conn);
+            let rows = client
+                .query("SELECT token, write_id FROM writes ORDER BY pg_xact_commit_timestamp(xmin), seq", &[])
+                .await
+                .unwrap();
+            for r in rows {
+                let token = u64::try_from(r.get::<_, i64>(0)).unwrap_or_default();
+                let resource = Some(format!("res/{db}"));
+                out.push(UpstreamEvent::Arrived { token, resource: resource.clone() });
+                out.push(UpstreamEvent::Applied { token, resource, write_id: Some(r.get(1)) });
+            }
+        }
+        out
     }
 }
 

@@ -25,13 +25,16 @@ struct Worker {
     client: Client,
     rng: Rng,
     writes: u64,
+    /// The round's connection through the PostgreSQL sidecar, its token
+    /// declared.
+    pg: Option<tokio_postgres::Client>,
 }
 
 pub async fn run(ctx: Arc<Ctx>, w: usize) {
     let client =
         Client::new(ctx.endpoints.clone()).expect("endpoints are valid").with_call_timeout(Duration::from_secs(2));
     let rng = Rng::new(ctx.config.seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let mut me = Worker { ctx, name: format!("w{w:02}"), client, rng, writes: 0 };
+    let mut me = Worker { ctx, name: format!("w{w:02}"), client, rng, writes: 0, pg: None };
     for round in 0..me.ctx.config.max_rounds_per_worker {
         if me.ctx.stopping() {
             break;
@@ -64,17 +67,29 @@ impl Worker {
             return;
         };
         let ttl = cfg.ttl;
+        if self.ctx.routes == Routes::Postgres {
+            self.pg = self.declare(&resource, token).await;
+        }
         for _ in 0..self.rng.range(1, 5) {
             self.write(&resource, token).await;
             if self.ctx.take_pause(w) || self.rng.chance(cfg.pause_probability) {
                 let pause = ttl + Duration::from_millis(self.rng.range(300, 1200));
+                // Through PostgreSQL, half the zombies pause inside an open
+                // transaction: the sidecar must end it (G5).
+                let in_transaction = self.ctx.routes == Routes::Postgres && self.rng.chance(0.5);
                 self.ctx.fault(format!(
-                    "client {} stops renewing for {pause:?} holding {resource} token {token}",
-                    self.name
+                    "client {} stops renewing for {pause:?} holding {resource} token {token}{}",
+                    self.name,
+                    if in_transaction { " inside a transaction" } else { "" }
                 ));
-                tokio::time::sleep(pause).await;
-                // The zombie wakes up and writes as if nothing happened.
-                self.write(&resource, token).await;
+                if in_transaction {
+                    // The zombie wakes up and commits as if nothing happened.
+                    self.write_pg(&resource, token, Some(pause)).await;
+                } else {
+                    tokio::time::sleep(pause).await;
+                    // The zombie wakes up and writes as if nothing happened.
+                    self.write(&resource, token).await;
+                }
             }
             if let Answer::Refused { .. } = self.renew(&resource, &lease_id).await {
                 break; // lost: release anyway, as a careless client would
@@ -82,6 +97,8 @@ impl Worker {
             tokio::time::sleep(ttl / 4).await;
         }
         self.release(&resource, &lease_id).await;
+        // DISCARD ALL before a connection could be reused; here it is closed.
+        self.pg = None;
         if self.rng.chance(0.2) {
             // A retried (or stale) release: must never end a newer holder's lease.
             tokio::time::sleep(Duration::from_millis(self.rng.range(0, 300))).await;
@@ -147,9 +164,70 @@ impl Worker {
         self.record(Call::Release { resource: resource.into(), lease_id: lease_id.into() }, sent, answer)
     }
 
+    /// A connection to the resource's database through the sidecar, with
+    /// `token` declared; `None` when that failed (the round writes nothing).
+    async fn declare(&mut self, resource: &str, token: u64) -> Option<tokio_postgres::Client> {
+        let db = resource.strip_prefix("res/").unwrap_or(resource);
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(self.ctx.proxy_addr.ip().to_string())
+            .port(self.ctx.proxy_addr.port())
+            .user(self.ctx.pg_user)
+            .dbname(db)
+            .application_name(&self.name)
+            .connect_timeout(Duration::from_secs(5));
+        let (client, conn) =
+            tokio::time::timeout(Duration::from_secs(10), config.connect(tokio_postgres::NoTls)).await.ok()?.ok()?;
+        tokio::spawn(conn);
+        let declared =
+            tokio::time::timeout(Duration::from_secs(10), client.batch_execute(&format!("SET fencer.token = {token}")))
+                .await;
+        matches!(declared, Ok(Ok(()))).then_some(client)
+    }
+
+    /// One write through the PostgreSQL sidecar: `BEGIN; INSERT; COMMIT` on
+    /// the round's connection, paused for `pause` before the COMMIT when
+    /// given (a zombie inside its transaction). Answered by the COMMIT.
+    async fn write_pg(&mut self, resource: &str, token: u64, pause: Option<Duration>) -> Answer {
+        self.writes += 1;
+        let write_id = format!("{}-{}", self.name, self.writes);
+        let sent = self.ctx.history.now();
+        let answer = match &self.pg {
+            None => Answer::Unavailable { reason: "no connection through the sidecar".into() },
+            Some(db) => {
+                let work = async {
+                    db.batch_execute("BEGIN").await?;
+                    db.execute("INSERT INTO writes (token, write_id) VALUES ($1, $2)", &[&(token as i64), &write_id])
+                        .await?;
+                    if let Some(p) = pause {
+                        tokio::time::sleep(p).await;
+                    }
+                    db.batch_execute("COMMIT").await
+                };
+                let limit = Duration::from_secs(10) + pause.unwrap_or_default();
+                match tokio::time::timeout(limit, work).await {
+                    Ok(Ok(())) => Answer::Written { status: 200 },
+                    Ok(Err(e)) => pg_answer(&e),
+                    Err(_) => Answer::Unavailable { reason: format!("no answer within {limit:?}") },
+                }
+            }
+        };
+        if !matches!(answer, Answer::Written { .. }) {
+            // The connection's transaction is over or the connection gone:
+            // the round's next writes need a fresh one.
+            if let Some(db) = &self.pg {
+                let _ = tokio::time::timeout(Duration::from_secs(2), db.batch_execute("ROLLBACK")).await;
+            }
+        }
+        self.record(Call::Write { resource: resource.into(), token, write_id }, sent, answer)
+    }
+
     /// One write through the proxy with `token`; its id travels in the body
     /// and in `X-Request-Id`.
     async fn write(&mut self, resource: &str, token: u64) -> Answer {
+        if self.ctx.routes == Routes::Postgres {
+            return self.write_pg(resource, token, None).await;
+        }
         self.writes += 1;
         let write_id = format!("{}-{}", self.name, self.writes);
         let name = resource.strip_prefix("res/").unwrap_or(resource);
@@ -158,6 +236,7 @@ impl Worker {
             Routes::Influx => {
                 (format!("/write?db={name}"), format!("w,resource={name},writer={write_id} token={token}i"))
             }
+            Routes::Postgres => unreachable!("written by write_pg"),
         };
         let t = token.to_string();
         let headers = [("fencing-token", t.as_str()), ("x-request-id", write_id.as_str())];
@@ -180,5 +259,29 @@ impl Worker {
             Err(_) => Answer::Unavailable { reason: "no answer within 10 s".into() },
         };
         self.record(Call::Write { resource: resource.into(), token, write_id }, sent, answer)
+    }
+}
+
+/// A history answer for a PostgreSQL error: FN001 is fenced (with the epoch
+/// the sidecar named), FN004 and a closed connection are unavailable (the
+/// outcome may be unknown), anything else a refusal.
+fn pg_answer(e: &tokio_postgres::Error) -> Answer {
+    let Some(db) = e.as_db_error() else {
+        return Answer::Unavailable { reason: format!("connection: {e}") };
+    };
+    match db.code().code() {
+        "FN001" => {
+            let epoch = db
+                .detail()
+                .and_then(|d| d.split("current epoch ").nth(1))
+                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_default();
+            Answer::Fenced { epoch }
+        }
+        code @ ("FN003" | "FN004" | "57P01" | "08006" | "08P01") => {
+            Answer::Unavailable { reason: format!("{code} {}", db.message()) }
+        }
+        code => Answer::Refused { reason: format!("{code} {}", db.message()) },
     }
 }
