@@ -30,12 +30,14 @@
 //! - `servers` — local clusters started and stopped by PID.
 //! - `ceiling` — no-op commit ceiling (in-process cluster) and fsync rate.
 //! - `proxy` — proxy added latency and maximum throughput.
+//! - `postgres` — pgbench direct and through the PostgreSQL sidecar.
 //! - `probe` — `/metrics`, `/proc` and the machine description.
 //! - `search` — the highest rate with p99 acquire under a bound.
 //! - `report` — JSON and markdown.
 
 mod ceiling;
 mod drivers;
+mod postgres;
 mod probe;
 mod proxy;
 mod report;
@@ -86,6 +88,13 @@ pub struct BenchArgs {
     /// Also measure the proxy's added latency and maximum throughput.
     #[arg(long)]
     proxy: bool,
+
+    /// Also measure the PostgreSQL sidecar: pgbench straight to a
+    /// throwaway PostgreSQL and through `fencer proxy --protocol postgres`
+    /// (needs PostgreSQL's binaries; `--scenarios none --postgres` runs
+    /// only this).
+    #[arg(long)]
+    postgres: bool,
 
     /// Search for the highest rate (a multiple of the configured workload)
     /// that keeps p99 acquire under --search-p99 with no errors.
@@ -186,6 +195,26 @@ pub struct BenchArgs {
     /// Concurrent writers for the proxy's maximum throughput.
     #[arg(long, default_value_t = 64)]
     proxy_concurrency: usize,
+
+    /// pgbench client counts of the PostgreSQL throughput runs.
+    #[arg(long, value_delimiter = ',', default_value = "8,32")]
+    pg_clients: Vec<usize>,
+
+    /// Length of each pgbench run.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pg_duration: Duration,
+
+    /// Statements per second of the PostgreSQL added-latency run.
+    #[arg(long, default_value_t = 5000)]
+    pg_rate: u64,
+
+    /// Idle connections through the sidecar for its memory figure.
+    #[arg(long, default_value_t = 500)]
+    pg_idle_connections: usize,
+
+    /// pgbench's scale factor (100,000 accounts each).
+    #[arg(long, default_value_t = 5)]
+    pg_scale: u32,
 
     /// The system the rate search runs against: fencer, or (with
     /// `bench-peers`) etcd or redis.
@@ -398,6 +427,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         runs: Vec::new(),
         ceiling: None,
         proxy: None,
+        postgres: None,
         search: None,
         notes: plan.notes.clone(),
     };
@@ -431,6 +461,19 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         match proxy::run(&env.data_base, &args.proxy_rates, args.proxy_duration, args.proxy_concurrency).await {
             Ok(p) => report.proxy = Some(p),
             Err(e) => report.notes.push(format!("the proxy measurement failed: {e:#}")),
+        }
+    }
+    if args.postgres || args.full {
+        let pg_plan = postgres::PgBenchPlan {
+            clients: args.pg_clients.clone(),
+            duration: args.pg_duration,
+            rate: args.pg_rate,
+            idle_connections: args.pg_idle_connections,
+            scale: args.pg_scale,
+        };
+        match postgres::run_postgres(&env.bin, &env.data_base, &pg_plan).await {
+            Ok(p) => report.postgres = Some(p),
+            Err(e) => report.notes.push(format!("the PostgreSQL measurement failed: {e:#}")),
         }
     }
     report.machine.finish();

@@ -368,6 +368,7 @@ pub(crate) struct Report {
     pub(crate) runs: Vec<RunReport>,
     pub(crate) ceiling: Option<CeilingReport>,
     pub(crate) proxy: Option<ProxyReport>,
+    pub(crate) postgres: Option<super::postgres::PgReport>,
     pub(crate) search: Option<SearchReport>,
     pub(crate) notes: Vec<String>,
 }
@@ -514,6 +515,7 @@ impl Report {
         }
         self.ceiling_section(&mut o);
         self.proxy_section(&mut o);
+        self.postgres_section(&mut o);
         self.search_section(&mut o);
         o
     }
@@ -764,6 +766,65 @@ impl Report {
         }
     }
 
+    fn postgres_section(&self, o: &mut String) {
+        let Some(p) = &self.postgres else { return };
+        let _ = writeln!(o, "\n## PostgreSQL sidecar\n");
+        let _ = writeln!(
+            o,
+            "pgbench (`-M prepared`, `-j 2`, scale {}) straight to {} and through a `fencer proxy --protocol postgres` process in front of it; {:.0} s per run, same server, same run. The server runs with fsync and synchronous_commit off.\n",
+            p.scale, p.postgres_version, p.seconds_per_run
+        );
+        if !p.throughput.is_empty() {
+            let _ = writeln!(
+                o,
+                "| script | clients | direct tps | sidecar tps | sidecar / direct | latency avg direct / sidecar (ms) | sidecar CPU µs/tx | failed |"
+            );
+            let _ = writeln!(o, "|---|--:|--:|--:|--:|--:|--:|--:|");
+            for t in &p.throughput {
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {:.0} | {:.0} | {:.0} % | {} / {} | {} | {} / {} |",
+                    t.script,
+                    t.clients,
+                    t.direct.tps,
+                    t.sidecar.tps,
+                    100.0 * t.sidecar.tps / t.direct.tps.max(1e-9),
+                    ms(t.direct.latency_avg_ms),
+                    ms(t.sidecar.latency_avg_ms),
+                    t.sidecar.sidecar_cpu_us_per_tx.map_or("—".into(), |c| format!("{c:.1}")),
+                    t.direct.failed,
+                    t.sidecar.failed
+                );
+            }
+        }
+        if let Some(l) = &p.latency {
+            let _ = writeln!(
+                o,
+                "\nSelect-only at {}/s ({} clients, from pgbench's per-transaction log): direct p50 {} / p99 {} ms, through the sidecar p50 {} / p99 {} ms: added p50 **{:+.3} ms**, added p99 **{:+.3} ms** (achieved {:.0} / {:.0} tps).",
+                l.rate,
+                l.clients,
+                ms(l.direct.p50_ms),
+                ms(l.direct.p99_ms),
+                ms(l.sidecar.p50_ms),
+                ms(l.sidecar.p99_ms),
+                l.sidecar.p50_ms - l.direct.p50_ms,
+                l.sidecar.p99_ms - l.direct.p99_ms,
+                l.direct_tps,
+                l.sidecar_tps
+            );
+        }
+        if let Some(m) = &p.memory {
+            let _ = writeln!(
+                o,
+                "\nSidecar memory with {} idle connections: RSS **{:.1} MB** (peak {:.1} MB; {:.1} MB before they opened).",
+                m.connections, m.rss_mb, m.peak_rss_mb, m.rss_before_mb
+            );
+        }
+        for n in &p.notes {
+            let _ = writeln!(o, "\n- {n}");
+        }
+    }
+
     fn search_section(&self, o: &mut String) {
         let Some(s) = &self.search else { return };
         let _ = writeln!(
@@ -959,6 +1020,7 @@ mod tests {
                 notes: vec![],
             }),
             proxy: None,
+            postgres: None,
             search: None,
             notes: vec![],
         }
