@@ -135,7 +135,8 @@ pub struct ListenerTls {
 pub const DEFAULT_CLOCK_SKEW: Duration = fencer_token::DEFAULT_CLOCK_SKEW;
 
 /// Every timeout of the `[timeouts]` table, with its default. `connect`,
-/// `response`, `body_idle` and `header_read` are the HTTP proxy's; the
+/// `response`, `body_idle`, `request_body`, `header_read` and `idle` are
+/// the HTTP proxy's; the
 /// PostgreSQL sidecar's own are in its `[postgres]` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timeouts {
@@ -147,14 +148,28 @@ pub struct Timeouts {
     /// headers, including sending the request body (default 30 s). Past it:
     /// 504 outcome unknown (P4).
     pub response: Duration,
-    /// Longest pause between two body frames, either direction (default 60 s).
+    /// Longest pause between two body frames, either direction (default
+    /// 60 s): an upstream that pauses its answer, a client that pauses its
+    /// request body, and a client that stops reading its answer (which would
+    /// otherwise hold the resource's shared guard, P3) are cut after it.
     pub body_idle: Duration,
+    /// Total time the proxy may spend waiting for one request body's data
+    /// from the client (default 30 s). Time the proxy or the upstream take
+    /// does not count. A slower client is cut: 408 when nothing was
+    /// forwarded yet, else 504 outcome unknown (P4).
+    pub request_body: Duration,
     /// How long a resource stays indeterminate after the upstream connection
     /// of an unknown outcome closed (default 30 s, P4).
     pub quarantine: Duration,
-    /// Time a client has to send its request headers (default 10 s). It also
-    /// closes idle HTTP/1 keep-alive connections.
+    /// Time a client has to send a request head (default 10 s): from the
+    /// connection's first byte (or the end of its TLS handshake) to its first
+    /// complete request, and on an HTTP/1 keep-alive connection from the
+    /// first byte of each further request to its complete head.
     pub header_read: Duration,
+    /// How long a client connection may stay open with no request in
+    /// progress and, for HTTP/1, no byte of a next request (default 60 s);
+    /// then it is closed (HTTP/2: GOAWAY).
+    pub idle: Duration,
     /// Time a client has to complete the TLS handshake (default 10 s).
     pub tls_handshake: Duration,
     /// Time a new connection has to send its first byte; one that sends
@@ -171,8 +186,10 @@ impl Default for Timeouts {
             connect: Duration::from_secs(2),
             response: Duration::from_secs(30),
             body_idle: Duration::from_secs(60),
+            request_body: Duration::from_secs(30),
             quarantine: Duration::from_secs(30),
             header_read: Duration::from_secs(10),
+            idle: Duration::from_secs(60),
             tls_handshake: Duration::from_secs(10),
             first_byte: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
@@ -294,8 +311,10 @@ pub(crate) struct RawTimeouts {
     pub(crate) connect: Option<Spanned<String>>,
     pub(crate) response: Option<Spanned<String>>,
     pub(crate) body_idle: Option<Spanned<String>>,
+    pub(crate) request_body: Option<Spanned<String>>,
     pub(crate) quarantine: Option<Spanned<String>>,
     pub(crate) header_read: Option<Spanned<String>>,
+    pub(crate) idle: Option<Spanned<String>>,
     pub(crate) tls_handshake: Option<Spanned<String>>,
     pub(crate) first_byte: Option<Spanned<String>>,
     pub(crate) shutdown_grace: Option<Spanned<String>>,
@@ -434,8 +453,10 @@ impl ProxyConfig {
             (&raw.timeouts.connect, &mut timeouts.connect),
             (&raw.timeouts.response, &mut timeouts.response),
             (&raw.timeouts.body_idle, &mut timeouts.body_idle),
+            (&raw.timeouts.request_body, &mut timeouts.request_body),
             (&raw.timeouts.quarantine, &mut timeouts.quarantine),
             (&raw.timeouts.header_read, &mut timeouts.header_read),
+            (&raw.timeouts.idle, &mut timeouts.idle),
             (&raw.timeouts.tls_handshake, &mut timeouts.tls_handshake),
             (&raw.timeouts.first_byte, &mut timeouts.first_byte),
             (&raw.timeouts.shutdown_grace, &mut timeouts.shutdown_grace),
@@ -490,6 +511,15 @@ impl ProxyConfig {
                 Frontend::Http(HttpConfig::from_raw(&loc, &raw, listen)?)
             }
             Some("postgres") => {
+                // HTTP-only timeouts the PostgreSQL front end would otherwise
+                // ignore silently (its own are in [postgres]).
+                for (key, value) in
+                    [("timeouts.idle", &raw.timeouts.idle), ("timeouts.request_body", &raw.timeouts.request_body)]
+                {
+                    if let Some(v) = value {
+                        return Err(loc.at(v, format!("{key} applies to protocol = \"http\" only; the PostgreSQL sidecar's settings are in [postgres]")));
+                    }
+                }
                 Frontend::Postgres(PostgresConfig::from_raw(&loc, &raw, raw.postgres.as_ref(), listen)?)
             }
             Some(other) => {

@@ -136,6 +136,9 @@ impl Listener {
                 handler(Accepted { stream, peer, drain, abort, _permit: permit }).await;
             });
         }
+        // Close the socket now, so new clients are refused (not left in the
+        // backlog) while open connections drain.
+        drop(self.tcp);
         self.tasks.close();
         let open = self.tasks.len();
         tracing::info!(what = self.settings.what, open, ?grace, "no new connections; letting open ones finish");
