@@ -17,8 +17,8 @@ use crate::core::log_level::LogControlHandle;
 use crate::http::config::{HttpConfig, RawRoute, RawUpstreamTls};
 use crate::postgres::config::{PostgresConfig, RawPostgres};
 
-/// Default admin listen address (loopback: the admin API has no
-/// authentication until mTLS lands, DESIGN §7).
+/// Default admin listen address (loopback: without `admin_token_file` the
+/// admin API has no authentication).
 pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:7421";
 
 /// Default cap on how far one request may raise an epoch (P7 stand-in):
@@ -36,6 +36,9 @@ pub struct ProxyConfig {
     pub data_dir: PathBuf,
     /// Admin API listen address.
     pub admin: SocketAddr,
+    /// File holding the admin API's bearer token; `None`: no
+    /// authentication (keep `admin` on loopback).
+    pub admin_token_file: Option<PathBuf>,
     /// Largest amount one request may raise a resource's epoch by. With
     /// signed tokens it is the second line of defence (a leaked signing key
     /// still cannot jump an epoch arbitrarily far); without them, the first.
@@ -286,6 +289,7 @@ pub(crate) struct RawConfig {
     pub(crate) listen: Spanned<String>,
     pub(crate) data_dir: Spanned<String>,
     pub(crate) admin: Option<Spanned<String>>,
+    pub(crate) admin_token_file: Option<Spanned<String>>,
     pub(crate) max_epoch_jump: Option<Spanned<u64>>,
     pub(crate) signing: Option<Spanned<RawSigning>>,
     pub(crate) tls: Option<Spanned<RawListenerTls>>,
@@ -440,6 +444,10 @@ impl ProxyConfig {
                 .parse()
                 .map_err(|_| loc.at(a, format!("admin {:?} is not an IP:port address", a.get_ref())))?,
         };
+        let admin_token_file = match &raw.admin_token_file {
+            Some(f) if f.get_ref().is_empty() => return Err(loc.at(f, "admin_token_file must not be empty")),
+            f => f.as_ref().map(|f| PathBuf::from(f.get_ref())),
+        };
         let max_epoch_jump = match &raw.max_epoch_jump {
             None => DEFAULT_MAX_EPOCH_JUMP,
             Some(j) if *j.get_ref() == 0 => {
@@ -532,6 +540,7 @@ impl ProxyConfig {
             listen,
             data_dir: PathBuf::from(raw.data_dir.get_ref()),
             admin,
+            admin_token_file,
             max_epoch_jump,
             signing,
             tls,
