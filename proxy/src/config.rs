@@ -597,6 +597,38 @@ resource = "influx/{db}"
         assert_eq!(c.http().unwrap().upstream, "http://127.0.0.1:8086/");
     }
 
+    #[test]
+    fn the_connection_timeouts_have_defaults_and_are_http_only() {
+        let c = ProxyConfig::from_toml_str(GOOD).unwrap();
+        assert_eq!(c.timeouts.header_read, Duration::from_secs(10));
+        assert_eq!(c.timeouts.idle, Duration::from_secs(60));
+        assert_eq!(c.timeouts.request_body, Duration::from_secs(30));
+        assert_eq!(c.timeouts.body_idle, Duration::from_secs(60));
+        assert_eq!(c.admin_token_file, None);
+        let set = GOOD.replace(
+            "quarantine = \"5s\"",
+            "quarantine = \"5s\"\nidle = \"2m\"\nrequest_body = \"500ms\"\nheader_read = \"1s\"",
+        );
+        let c = ProxyConfig::from_toml_str(
+            &set.replace("data_dir = \"/tmp/x\"", "data_dir = \"/tmp/x\"\nadmin_token_file = \"/etc/t\""),
+        )
+        .unwrap();
+        assert_eq!(c.timeouts.idle, Duration::from_secs(120));
+        assert_eq!(c.timeouts.request_body, Duration::from_millis(500));
+        assert_eq!(c.timeouts.header_read, Duration::from_secs(1));
+        assert_eq!(c.admin_token_file.as_deref(), Some(std::path::Path::new("/etc/t")));
+        let (line, reason) = err_of(&GOOD.replace("quarantine = \"5s\"", "idle = \"0s\""));
+        assert_eq!(line, 7, "{reason}");
+        assert!(reason.contains("zero"), "{reason}");
+        let (_, reason) =
+            err_of(&GOOD.replace("data_dir = \"/tmp/x\"", "data_dir = \"/tmp/x\"\nadmin_token_file = \"\""));
+        assert!(reason.contains("admin_token_file must not be empty"), "{reason}");
+        let pg = "protocol = \"postgres\"\nlisten = \"127.0.0.1:6432\"\ndata_dir = \"d\"\n[timeouts]\nidle = \"5s\"\n[postgres]\nupstream = \"127.0.0.1:5432\"\nresource = \"pg/x\"\n";
+        let (line, reason) = err_of(pg);
+        assert_eq!(line, 5, "{reason}");
+        assert!(reason.contains("timeouts.idle applies to protocol = \"http\" only"), "{reason}");
+    }
+
     fn err_of(text: &str) -> (usize, String) {
         match ProxyConfig::from_toml_str(text) {
             Err(ConfigError::Invalid { line, reason, .. }) => (line, reason),

@@ -181,7 +181,8 @@ async fn t101_an_idle_connection_is_closed_after_the_idle_timeout() {
 /// Issue 15 item 4: a request body sent too slowly is cut when the time
 /// spent waiting for it adds up to `timeouts.request_body`, even if no
 /// single pause reaches `body_idle`. While the body is still inside the
-/// read-ahead nothing has gone upstream: 408, and the resource stays
+/// read-ahead (a body of unknown length, or one declared at most 64 KiB)
+/// nothing has gone upstream: 408, and the resource stays
 /// determinate. Once part of it was forwarded, the upstream saw it cut:
 /// 504 outcome unknown and indeterminate (P4).
 #[tokio::test]
@@ -210,6 +211,20 @@ async fn t102_a_request_body_sent_too_slowly_is_cut() {
     sender.abort();
     assert!(p.upstream.events().is_empty(), "a body still being read ahead reached the upstream");
     assert!(!p.indeterminate("db/a").await);
+
+    // A declared body that fits the read-ahead is read whole first: 408 too.
+    let mut s = TcpStream::connect(p.addr()).await.unwrap();
+    s.write_all(b"POST /db/c/rows HTTP/1.1\r\nhost: x\r\nfencing-token: 5\r\ncontent-length: 100\r\n\r\nxx")
+        .await
+        .unwrap();
+    let started = std::time::SystemTime::now();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(SOON, s.read(&mut answer)).await.expect("an answer").unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    assert!(started.elapsed().unwrap() < Duration::from_secs(5), "answered after {:?}", started.elapsed());
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert!(p.upstream.events().is_empty(), "a declared body still being read reached the upstream");
+    assert!(!p.indeterminate("db/c").await);
 
     // Forwarded in part (more than the read-ahead), then too slow: 504.
     let mut s = TcpStream::connect(p.addr()).await.unwrap();

@@ -348,11 +348,13 @@ impl Fence {
         req.map(|body| ClientBody::new(Limited::new(body, max), timeouts.body_idle, timeouts.request_body).boxed())
     }
 
-    /// Reads the beginning of a body of unknown length (see
-    /// [`READ_AHEAD_BYTES`]); a body with a declared length or none passes
-    /// as it is.
+    /// Reads the beginning of a body (see [`READ_AHEAD_BYTES`]): a body of
+    /// unknown length, or one whose declared length fits in the read-ahead
+    /// (so a client too slow to send it is refused with nothing sent). A
+    /// larger declared body, or none, passes as it is.
     async fn read_ahead(&self, req: Request<ProxyBody>) -> Result<Request<ProxyBody>, Refusal> {
-        if req.body().is_end_stream() || req.body().size_hint().exact().is_some() {
+        let declared_large = req.body().size_hint().exact().is_some_and(|n| n > READ_AHEAD_BYTES as u64);
+        if req.body().is_end_stream() || declared_large {
             return Ok(req);
         }
         let (parts, body) = req.into_parts();
