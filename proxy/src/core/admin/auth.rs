@@ -42,6 +42,20 @@ pub enum AdminTokenError {
     },
 }
 
+/// Reads an admin token file as the proxy does (for clients that build
+/// their own requests); `None` when [`ADMIN_TOKEN_FILE_ENV`] is unset.
+///
+/// [`ADMIN_TOKEN_FILE_ENV`]: crate::core::admin::ADMIN_TOKEN_FILE_ENV
+pub fn admin_token_from_env() -> Result<Option<String>, AdminTokenError> {
+    match std::env::var_os(crate::core::admin::ADMIN_TOKEN_FILE_ENV) {
+        Some(path) if !path.is_empty() => {
+            let token = AdminToken::load(Path::new(&path))?;
+            Ok(Some(String::from_utf8_lossy(&token.0).into_owned()))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// The admin API's bearer token.
 #[derive(Clone)]
 pub(crate) struct AdminToken(Arc<[u8]>);

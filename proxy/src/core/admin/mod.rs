@@ -16,7 +16,7 @@ mod errors;
 mod extract;
 
 pub(crate) use self::auth::AdminToken;
-pub use self::auth::{AdminTokenError, MAX_ADMIN_TOKEN_BYTES, MIN_ADMIN_TOKEN_BYTES};
+pub use self::auth::{AdminTokenError, MAX_ADMIN_TOKEN_BYTES, MIN_ADMIN_TOKEN_BYTES, admin_token_from_env};
 pub use self::client::{ADMIN_TOKEN_FILE_ENV, AdminClient, AdminClientError};
 pub(crate) use self::errors::AdminError;
 use self::extract::{AdminJson, AdminQuery, operator_text};
