@@ -137,8 +137,8 @@ pub(crate) fn router(
         .method_not_allowed_fallback(extract::no_such_method)
         .layer(DefaultBodyLimit::max(MAX_ADMIN_BODY_BYTES))
         .with_state(AdminState { shared, upstream });
-    // Outermost: the token before the head is looked at further, then the
-    // head limits before anything else runs.
+    // Outermost, so first: the head limits, then the token, then the
+    // routes and their extractors.
     let router = match token {
         Some(token) => router.layer(axum::middleware::from_fn_with_state(token, auth::require_token)),
         None => router,
