@@ -17,8 +17,8 @@ use crate::core::log_level::LogControlHandle;
 use crate::http::config::{HttpConfig, RawRoute, RawUpstreamTls};
 use crate::postgres::config::{PostgresConfig, RawPostgres};
 
-/// Default admin listen address (loopback: the admin API has no
-/// authentication until mTLS lands, DESIGN §7).
+/// Default admin listen address (loopback: without `admin_token_file` the
+/// admin API has no authentication).
 pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:7421";
 
 /// Default cap on how far one request may raise an epoch (P7 stand-in):
@@ -36,6 +36,9 @@ pub struct ProxyConfig {
     pub data_dir: PathBuf,
     /// Admin API listen address.
     pub admin: SocketAddr,
+    /// File holding the admin API's bearer token; `None`: no
+    /// authentication (keep `admin` on loopback).
+    pub admin_token_file: Option<PathBuf>,
     /// Largest amount one request may raise a resource's epoch by. With
     /// signed tokens it is the second line of defence (a leaked signing key
     /// still cannot jump an epoch arbitrarily far); without them, the first.
@@ -135,7 +138,8 @@ pub struct ListenerTls {
 pub const DEFAULT_CLOCK_SKEW: Duration = fencer_token::DEFAULT_CLOCK_SKEW;
 
 /// Every timeout of the `[timeouts]` table, with its default. `connect`,
-/// `response`, `body_idle` and `header_read` are the HTTP proxy's; the
+/// `response`, `body_idle`, `request_body`, `header_read` and `idle` are
+/// the HTTP proxy's; the
 /// PostgreSQL sidecar's own are in its `[postgres]` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timeouts {
@@ -147,14 +151,28 @@ pub struct Timeouts {
     /// headers, including sending the request body (default 30 s). Past it:
     /// 504 outcome unknown (P4).
     pub response: Duration,
-    /// Longest pause between two body frames, either direction (default 60 s).
+    /// Longest pause between two body frames, either direction (default
+    /// 60 s): an upstream that pauses its answer, a client that pauses its
+    /// request body, and a client that stops reading its answer (which would
+    /// otherwise hold the resource's shared guard, P3) are cut after it.
     pub body_idle: Duration,
+    /// Total time the proxy may spend waiting for one request body's data
+    /// from the client (default 30 s). Time the proxy or the upstream take
+    /// does not count. A slower client is cut: 408 when nothing was
+    /// forwarded yet, else 504 outcome unknown (P4).
+    pub request_body: Duration,
     /// How long a resource stays indeterminate after the upstream connection
     /// of an unknown outcome closed (default 30 s, P4).
     pub quarantine: Duration,
-    /// Time a client has to send its request headers (default 10 s). It also
-    /// closes idle HTTP/1 keep-alive connections.
+    /// Time a client has to send a request head (default 10 s): from the
+    /// connection's first byte (or the end of its TLS handshake) to its first
+    /// complete request, and on an HTTP/1 keep-alive connection from the
+    /// first byte of each further request to its complete head.
     pub header_read: Duration,
+    /// How long a client connection may stay open with no request in
+    /// progress and, for HTTP/1, no byte of a next request (default 60 s);
+    /// then it is closed (HTTP/2: GOAWAY).
+    pub idle: Duration,
     /// Time a client has to complete the TLS handshake (default 10 s).
     pub tls_handshake: Duration,
     /// Time a new connection has to send its first byte; one that sends
@@ -171,8 +189,10 @@ impl Default for Timeouts {
             connect: Duration::from_secs(2),
             response: Duration::from_secs(30),
             body_idle: Duration::from_secs(60),
+            request_body: Duration::from_secs(30),
             quarantine: Duration::from_secs(30),
             header_read: Duration::from_secs(10),
+            idle: Duration::from_secs(60),
             tls_handshake: Duration::from_secs(10),
             first_byte: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
@@ -269,6 +289,7 @@ pub(crate) struct RawConfig {
     pub(crate) listen: Spanned<String>,
     pub(crate) data_dir: Spanned<String>,
     pub(crate) admin: Option<Spanned<String>>,
+    pub(crate) admin_token_file: Option<Spanned<String>>,
     pub(crate) max_epoch_jump: Option<Spanned<u64>>,
     pub(crate) signing: Option<Spanned<RawSigning>>,
     pub(crate) tls: Option<Spanned<RawListenerTls>>,
@@ -294,8 +315,10 @@ pub(crate) struct RawTimeouts {
     pub(crate) connect: Option<Spanned<String>>,
     pub(crate) response: Option<Spanned<String>>,
     pub(crate) body_idle: Option<Spanned<String>>,
+    pub(crate) request_body: Option<Spanned<String>>,
     pub(crate) quarantine: Option<Spanned<String>>,
     pub(crate) header_read: Option<Spanned<String>>,
+    pub(crate) idle: Option<Spanned<String>>,
     pub(crate) tls_handshake: Option<Spanned<String>>,
     pub(crate) first_byte: Option<Spanned<String>>,
     pub(crate) shutdown_grace: Option<Spanned<String>>,
@@ -421,6 +444,10 @@ impl ProxyConfig {
                 .parse()
                 .map_err(|_| loc.at(a, format!("admin {:?} is not an IP:port address", a.get_ref())))?,
         };
+        let admin_token_file = match &raw.admin_token_file {
+            Some(f) if f.get_ref().is_empty() => return Err(loc.at(f, "admin_token_file must not be empty")),
+            f => f.as_ref().map(|f| PathBuf::from(f.get_ref())),
+        };
         let max_epoch_jump = match &raw.max_epoch_jump {
             None => DEFAULT_MAX_EPOCH_JUMP,
             Some(j) if *j.get_ref() == 0 => {
@@ -434,8 +461,10 @@ impl ProxyConfig {
             (&raw.timeouts.connect, &mut timeouts.connect),
             (&raw.timeouts.response, &mut timeouts.response),
             (&raw.timeouts.body_idle, &mut timeouts.body_idle),
+            (&raw.timeouts.request_body, &mut timeouts.request_body),
             (&raw.timeouts.quarantine, &mut timeouts.quarantine),
             (&raw.timeouts.header_read, &mut timeouts.header_read),
+            (&raw.timeouts.idle, &mut timeouts.idle),
             (&raw.timeouts.tls_handshake, &mut timeouts.tls_handshake),
             (&raw.timeouts.first_byte, &mut timeouts.first_byte),
             (&raw.timeouts.shutdown_grace, &mut timeouts.shutdown_grace),
@@ -490,6 +519,15 @@ impl ProxyConfig {
                 Frontend::Http(HttpConfig::from_raw(&loc, &raw, listen)?)
             }
             Some("postgres") => {
+                // HTTP-only timeouts the PostgreSQL front end would otherwise
+                // ignore silently (its own are in [postgres]).
+                for (key, value) in
+                    [("timeouts.idle", &raw.timeouts.idle), ("timeouts.request_body", &raw.timeouts.request_body)]
+                {
+                    if let Some(v) = value {
+                        return Err(loc.at(v, format!("{key} applies to protocol = \"http\" only; the PostgreSQL sidecar's settings are in [postgres]")));
+                    }
+                }
                 Frontend::Postgres(PostgresConfig::from_raw(&loc, &raw, raw.postgres.as_ref(), listen)?)
             }
             Some(other) => {
@@ -502,6 +540,7 @@ impl ProxyConfig {
             listen,
             data_dir: PathBuf::from(raw.data_dir.get_ref()),
             admin,
+            admin_token_file,
             max_epoch_jump,
             signing,
             tls,
@@ -556,6 +595,38 @@ resource = "influx/{db}"
         assert_eq!(c.http().unwrap().router.routes().len(), 3);
         assert_eq!(c.http().unwrap().token_header, "fencing-token");
         assert_eq!(c.http().unwrap().upstream, "http://127.0.0.1:8086/");
+    }
+
+    #[test]
+    fn the_connection_timeouts_have_defaults_and_are_http_only() {
+        let c = ProxyConfig::from_toml_str(GOOD).unwrap();
+        assert_eq!(c.timeouts.header_read, Duration::from_secs(10));
+        assert_eq!(c.timeouts.idle, Duration::from_secs(60));
+        assert_eq!(c.timeouts.request_body, Duration::from_secs(30));
+        assert_eq!(c.timeouts.body_idle, Duration::from_secs(60));
+        assert_eq!(c.admin_token_file, None);
+        let set = GOOD.replace(
+            "quarantine = \"5s\"",
+            "quarantine = \"5s\"\nidle = \"2m\"\nrequest_body = \"500ms\"\nheader_read = \"1s\"",
+        );
+        let c = ProxyConfig::from_toml_str(
+            &set.replace("data_dir = \"/tmp/x\"", "data_dir = \"/tmp/x\"\nadmin_token_file = \"/etc/t\""),
+        )
+        .unwrap();
+        assert_eq!(c.timeouts.idle, Duration::from_secs(120));
+        assert_eq!(c.timeouts.request_body, Duration::from_millis(500));
+        assert_eq!(c.timeouts.header_read, Duration::from_secs(1));
+        assert_eq!(c.admin_token_file.as_deref(), Some(std::path::Path::new("/etc/t")));
+        let (line, reason) = err_of(&GOOD.replace("quarantine = \"5s\"", "idle = \"0s\""));
+        assert_eq!(line, 7, "{reason}");
+        assert!(reason.contains("zero"), "{reason}");
+        let (_, reason) =
+            err_of(&GOOD.replace("data_dir = \"/tmp/x\"", "data_dir = \"/tmp/x\"\nadmin_token_file = \"\""));
+        assert!(reason.contains("admin_token_file must not be empty"), "{reason}");
+        let pg = "protocol = \"postgres\"\nlisten = \"127.0.0.1:6432\"\ndata_dir = \"d\"\n[timeouts]\nidle = \"5s\"\n[postgres]\nupstream = \"127.0.0.1:5432\"\nresource = \"pg/x\"\n";
+        let (line, reason) = err_of(pg);
+        assert_eq!(line, 5, "{reason}");
+        assert!(reason.contains("timeouts.idle applies to protocol = \"http\" only"), "{reason}");
     }
 
     fn err_of(text: &str) -> (usize, String) {

@@ -64,8 +64,10 @@ pub use self::{
     },
     core::{
         admin::{
-            AdminClient, AdminClientError, ClearIndeterminateRequest, ClearIndeterminateResponse, DEFAULT_PAGE,
-            MAX_PAGE, RaiseEpochRequest, ResourcesPage,
+            ADMIN_TOKEN_FILE_ENV, AdminClient, AdminClientError, AdminTokenError, ClearIndeterminateRequest,
+            ClearIndeterminateResponse, DEFAULT_PAGE, MAX_ADMIN_BODY_BYTES, MAX_ADMIN_HEAD_BYTES, MAX_ADMIN_HEADERS,
+            MAX_ADMIN_TOKEN_BYTES, MAX_OPERATOR_TEXT_BYTES, MAX_PAGE, MIN_ADMIN_TOKEN_BYTES, RaiseEpochRequest,
+            ResourcesPage, admin_token_from_env,
         },
         epoch_store::{
             AUDIT_LOG_FILE, EpochStore, OpenError, REJECTION_LOG_FILE, REJECTION_QUEUE_MAX, STORE_FILE, StoreError,

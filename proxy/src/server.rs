@@ -51,6 +51,9 @@ pub enum StartError {
     /// The PostgreSQL front end could not be set up.
     #[error(transparent)]
     Postgres(#[from] crate::postgres::PostgresStartError),
+    /// The admin token file is unusable.
+    #[error(transparent)]
+    AdminToken(#[from] admin::AdminTokenError),
     /// Opening the store panicked or was cancelled.
     #[error("the epoch store could not be opened: {0}")]
     Internal(String),
@@ -110,6 +113,7 @@ pub fn check_files(config: &ProxyConfig) -> Result<(), StartError> {
 /// network or the data directory.
 struct Prepared {
     tokens: Arc<TokenVerifier>,
+    admin_token: Option<admin::AdminToken>,
     frontend: PreparedFrontend,
 }
 
@@ -121,6 +125,7 @@ enum PreparedFrontend {
 impl Prepared {
     fn load(config: &ProxyConfig) -> Result<Self, StartError> {
         let tokens = Arc::new(TokenVerifier::new(config.signing.clone())?);
+        let admin_token = config.admin_token_file.as_deref().map(admin::AdminToken::load).transpose()?;
         let frontend = match &config.frontend {
             Frontend::Http(http) => {
                 let (forward, tls) = HttpServer::prepare(config, http)?;
@@ -128,7 +133,7 @@ impl Prepared {
             }
             Frontend::Postgres(pg) => PreparedFrontend::Postgres(crate::postgres::Prepared::load(config, pg)?),
         };
-        Ok(Self { tokens, frontend })
+        Ok(Self { tokens, admin_token, frontend })
     }
 }
 
@@ -177,6 +182,7 @@ pub async fn start_with_shutdown(
         metrics.clone(),
     );
     let tokens = prepared.tokens;
+    let admin_token = prepared.admin_token;
     let core =
         Arc::new(FenceCore::new(config.clone(), store.clone(), resources.clone(), metrics.clone(), tokens.clone()));
 
@@ -215,7 +221,10 @@ pub async fn start_with_shutdown(
             }
             _ => unreachable!("prepared from the same configuration"),
         };
-    let admin_app = admin::router(core.clone(), probe);
+    if admin_token.is_none() && !admin_addr.ip().is_loopback() {
+        tracing::warn!(admin = %admin_addr, "the admin API listens beyond loopback without authentication; set admin_token_file");
+    }
+    let admin_app = admin::router(core.clone(), probe, admin_token);
     let admin_shutdown = shutdown.clone();
     let admin_task = tokio::spawn(async move {
         let served = axum::serve(admin_listener, admin_app.into_make_service_with_connect_info::<SocketAddr>())

@@ -40,6 +40,7 @@ struct Inner {
     held: HashSet<u64>,
     hanging: HashSet<u64>,
     delays: HashMap<u64, Duration>,
+    answer_sizes: HashMap<u64, usize>,
     bodies: HashMap<u64, Vec<Bytes>>,
 }
 
@@ -131,6 +132,12 @@ impl TestUpstream {
         lock(&self.inner).delays.insert(token, delay);
     }
 
+    /// Requests carrying `token` are answered with a body of `bytes` bytes
+    /// (instead of a line naming the token).
+    pub fn answer_size(&self, token: u64, bytes: usize) {
+        lock(&self.inner).answer_sizes.insert(token, bytes);
+    }
+
     /// How many requests with `token` have arrived.
     pub fn arrivals(&self, token: u64) -> usize {
         lock(&self.inner).events.iter().filter(|e| **e == UpstreamEvent::Arrived(Some(token))).count()
@@ -219,15 +226,19 @@ async fn handle(
             notified.await;
         }
     }
-    {
+    let answer = {
         let mut g = lock(&inner);
         g.events.push(UpstreamEvent::Applied(token));
         if let Some(t) = token {
             g.bodies.entry(t).or_default().push(body.clone());
         }
-    }
+        match token.and_then(|t| g.answer_sizes.get(&t).copied()) {
+            Some(n) => Bytes::from(vec![b'a'; n]),
+            None => Bytes::from(format!("applied {token:?}\n")),
+        }
+    };
     changed.notify_waiters();
-    Ok(Response::new(Full::new(Bytes::from(format!("applied {token:?}\n")))))
+    Ok(Response::new(Full::new(answer)))
 }
 
 /// A response as the tests see it.

@@ -85,14 +85,17 @@ pub(crate) struct LogLevelArgs {
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(crate) async fn run(args: LogLevelArgs) -> anyhow::Result<ExitCode> {
-    let (addr, path) = match (&args.node, &args.proxy_admin) {
-        (Some(node), _) => (node.as_str(), "/v1/admin/log-level"),
-        (None, Some(proxy)) => (proxy.as_str(), "/v1/log-level"),
+    let body = args.filter.as_ref().map(|filter| json!({ "filter": filter }));
+    let method = if body.is_some() { Method::PUT } else { Method::GET };
+    let answer = match (&args.node, &args.proxy_admin) {
+        (Some(node), _) => node_http::call(method, node, "/v1/admin/log-level", body.as_ref(), TIMEOUT).await?,
+        // The proxy's admin token, when it has one, from the file named by
+        // FENCER_PROXY_ADMIN_TOKEN_FILE (as `fencer rejections` reads it).
+        (None, Some(proxy)) => {
+            let auth = node_http::HttpAuth { tls: None, bearer: fencer_proxy::admin_token_from_env()? };
+            node_http::call_with(&auth, method, proxy, "/v1/log-level", body.as_ref(), TIMEOUT).await?
+        }
         (None, None) => anyhow::bail!("give --node or --proxy-admin"),
-    };
-    let answer = match &args.filter {
-        Some(filter) => node_http::call(Method::PUT, addr, path, Some(&json!({ "filter": filter })), TIMEOUT).await?,
-        None => node_http::call(Method::GET, addr, path, None, TIMEOUT).await?,
     };
     match args.output {
         OutputFormat::Json => print_json(&answer)?,

@@ -51,6 +51,12 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "FENCER_PROXY_ADMIN")]
     admin: Option<SocketAddr>,
 
+    /// File holding the admin API's bearer token (16–1024 visible ASCII
+    /// characters); every admin call but /livez and /readyz must present
+    /// it. Overrides the config's `admin_token_file`.
+    #[arg(long, env = "FENCER_PROXY_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
+
     /// Starting epoch for a new (empty) store: at least the coordinator's
     /// current commit index (P10). Ignored when lower than the stored floor.
     #[arg(long, env = "FENCER_PROXY_FLOOR")]
@@ -166,6 +172,9 @@ fn load_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
     }
     if let Some(admin) = args.admin {
         config.admin = admin;
+    }
+    if let Some(file) = &args.admin_token_file {
+        config.admin_token_file = Some(file.clone());
     }
     Ok(config)
 }
@@ -288,7 +297,7 @@ fn opt<T: ToString>(v: Option<T>) -> String {
 }
 
 pub(crate) async fn run_rejections(args: RejectionsArgs) -> anyhow::Result<ExitCode> {
-    let client = AdminClient::new(&args.admin, ADMIN_TIMEOUT)?;
+    let client = AdminClient::new(&args.admin, ADMIN_TIMEOUT)?.with_token_from_env()?;
     let limit = usize::try_from(args.limit).unwrap_or(fencer_proxy::MAX_PAGE);
     let page = client.rejections(args.before, limit).await?;
     match args.output {
@@ -338,7 +347,7 @@ pub(crate) async fn run_rejections(args: RejectionsArgs) -> anyhow::Result<ExitC
 }
 
 pub(crate) async fn run_proxy_status(args: ProxyStatusArgs) -> anyhow::Result<ExitCode> {
-    let client = AdminClient::new(&args.admin, ADMIN_TIMEOUT)?;
+    let client = AdminClient::new(&args.admin, ADMIN_TIMEOUT)?.with_token_from_env()?;
     let page = match &args.resource {
         Some(name) => {
             let status = client.resource(name).await?;

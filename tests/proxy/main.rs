@@ -8,9 +8,16 @@
 //! - `signed` — signed tokens, P7 (t80–t86).
 //! - `tls` — TLS listener, mTLS, TLS upstream, connection limits (t90–t95).
 //! - `influxdb` — the zombie writer against a real InfluxDB (t90).
+//! - `admin` — the admin API's refusals, operator text bounds, the bearer
+//!   token (t110–t113).
+//! - `edges` — hostile and clumsy clients: head, idle and body timeouts, a
+//!   client that stops reading, half-close, oversize chunked bodies,
+//!   refusals of the head (t100–t106).
 //! - `t74_coordinator_signed_tokens` — coordinator → `fencer keys export` →
 //!   proxy.
 
+mod admin;
+mod edges;
 mod fence;
 mod influxdb;
 mod process;

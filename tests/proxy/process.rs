@@ -149,3 +149,48 @@ fn t72_check_config_names_line_and_reason() {
     assert!(!out.status.success());
     assert!(stderr.contains("line 13") && stderr.contains("{database}"), "{stderr}");
 }
+
+/// Issue 15 item 11: `fencer proxy --admin-token-file` guards its admin API,
+/// and the operator commands send the token from the file named by
+/// `FENCER_PROXY_ADMIN_TOKEN_FILE` (never from the command line).
+#[tokio::test]
+async fn t73_the_cli_sends_the_admin_token_from_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, "cli-admin-token-0123456789abcdef\n").unwrap();
+    let upstream = TestUpstream::start().await.unwrap();
+    let (listen, admin) = (free_addr(), free_addr());
+    let mut cmd = Command::new(fencer_bin());
+    cmd.args(["proxy", "--listen", &listen.to_string(), "--admin", &admin.to_string()])
+        .args(["--upstream", &upstream.url(), "--resource", "main", "--floor", "1"])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--admin-token-file")
+        .arg(&token);
+    let mut proxy = Proc::spawn("fencer proxy", &mut cmd, &dir.path().join("proxy.log"));
+    wait_http(admin, "/livez", 200, &mut proxy, SOON).await;
+
+    let admin_s = admin.to_string();
+    let cli = |args: &[&str], with_token: bool| {
+        let mut c = Command::new(fencer_bin());
+        c.args(args).env_remove("FENCER_PROXY_ADMIN").env_remove("FENCER_PROXY_ADMIN_TOKEN_FILE");
+        if with_token {
+            c.env("FENCER_PROXY_ADMIN_TOKEN_FILE", &token);
+        }
+        c.output().unwrap()
+    };
+    for args in [
+        &["rejections", "--admin", &admin_s, "-o", "json"][..],
+        &["proxy-status", "--admin", &admin_s, "-o", "json"],
+        &["log-level", "--proxy-admin", &admin_s, "-o", "json"],
+    ] {
+        let refused = cli(args, false);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{args:?} without the token: {stderr}");
+        assert!(stderr.contains("401"), "{args:?}: {stderr}");
+        let ok = cli(args, true);
+        assert!(ok.status.success(), "{args:?} with the token: {}", String::from_utf8_lossy(&ok.stderr));
+    }
+    let code = proxy.terminate(SOON).expect("the proxy stops on SIGTERM");
+    assert!(code.success(), "{code:?}");
+}

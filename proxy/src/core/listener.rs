@@ -53,7 +53,7 @@ pub(crate) struct ListenerSettings {
 
 /// The accept loop.
 pub(crate) struct Listener {
-    tcp: Option<TcpListener>,
+    tcp: TcpListener,
     settings: ListenerSettings,
     permits: Arc<Semaphore>,
     /// Bounds the connections being refused at once.
@@ -69,7 +69,7 @@ pub(crate) struct Listener {
 impl Listener {
     pub(crate) fn new(tcp: TcpListener, settings: ListenerSettings, metrics: Arc<Metrics>) -> Self {
         Self {
-            tcp: Some(tcp),
+            tcp,
             permits: Arc::new(Semaphore::new(settings.max_connections)),
             refusing: Arc::new(Semaphore::new(REFUSING_MAX)),
             settings,
@@ -86,16 +86,15 @@ impl Listener {
     /// `handler` on its own task. Then asks every connection to drain,
     /// waits up to `grace`, aborts what is left, and returns whether every
     /// connection ended within the grace period.
-    pub(crate) async fn run<H, Fut>(mut self, shutdown: CancellationToken, grace: Duration, handler: H) -> bool
+    pub(crate) async fn run<H, Fut>(self, shutdown: CancellationToken, grace: Duration, handler: H) -> bool
     where
         H: Fn(Accepted) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let handler = Arc::new(handler);
-        let tcp = self.tcp.take().expect("run once");
         loop {
             let accepted = tokio::select! {
-                accepted = tcp.accept() => accepted,
+                accepted = self.tcp.accept() => accepted,
                 () = shutdown.cancelled() => break,
             };
             let (stream, peer) = match accepted {
@@ -137,9 +136,9 @@ impl Listener {
                 handler(Accepted { stream, peer, drain, abort, _permit: permit }).await;
             });
         }
-        // Closed first: a client connecting now is refused by the kernel
-        // instead of waiting in the backlog of a proxy that is stopping.
-        drop(tcp);
+        // Close the socket now, so new clients are refused (not left in the
+        // backlog) while open connections drain.
+        drop(self.tcp);
         self.tasks.close();
         let open = self.tasks.len();
         tracing::info!(what = self.settings.what, open, ?grace, "no new connections; letting open ones finish");

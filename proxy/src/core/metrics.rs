@@ -30,10 +30,25 @@ pub(crate) enum TimeoutStage {
     Startup,
     /// The connection was idle longer than allowed.
     Idle,
+    /// HTTP: a request head was not complete within `timeouts.header_read`.
+    HeaderRead,
+    /// HTTP: the client took longer than `timeouts.request_body` (in total)
+    /// or `timeouts.body_idle` (in one pause) to send its request body.
+    RequestBody,
+    /// HTTP: the client stopped reading its answer for `timeouts.body_idle`.
+    ClientNotReading,
 }
 
 impl TimeoutStage {
-    const ALL: [Self; 4] = [Self::FirstByte, Self::TlsHandshake, Self::Startup, Self::Idle];
+    const ALL: [Self; 7] = [
+        Self::FirstByte,
+        Self::TlsHandshake,
+        Self::Startup,
+        Self::Idle,
+        Self::HeaderRead,
+        Self::RequestBody,
+        Self::ClientNotReading,
+    ];
 
     fn as_str(self) -> &'static str {
         match self {
@@ -41,6 +56,9 @@ impl TimeoutStage {
             Self::TlsHandshake => "tls_handshake",
             Self::Startup => "startup",
             Self::Idle => "idle",
+            Self::HeaderRead => "header_read",
+            Self::RequestBody => "request_body",
+            Self::ClientNotReading => "client_not_reading",
         }
     }
 }

@@ -184,6 +184,7 @@ impl ProxyConfig {
             listen: args.listen,
             data_dir: args.data_dir,
             admin: args.admin,
+            admin_token_file: None,
             max_epoch_jump: DEFAULT_MAX_EPOCH_JUMP,
             signing: None,
             tls: None,

@@ -12,17 +12,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Request, Response, header};
-use http_body_util::BodyExt;
+use http_body::Body as _;
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::{CaptureConnection, capture_connection};
 
 use crate::core::clock;
 use crate::core::fence::{AdmitError, FenceCore, Rejection, RejectionContext};
-use crate::core::metrics::UpstreamError;
+use crate::core::metrics::{TimeoutStage, UpstreamError};
 use crate::core::rejections::RejectReason;
 use crate::core::state::{InFlight, ResourceState, Resources};
 use crate::http::HttpConfig;
-use crate::http::body::{GuardedBody, ProxyBody};
+use crate::http::body::{BodyFailure, ClientBody, GuardedBody, ProxyBody, READ_AHEAD_BYTES, ReadAhead};
 use crate::http::forward::{ConnectionClosed, Forward, ForwardError, captured_connection};
 use crate::http::problem::Refusal;
 use crate::http::routes::{ClassifyError, RouteKind};
@@ -160,12 +161,16 @@ impl Fence {
             token: None,
         };
 
+        if let Err(refusal) = self.check_head(&req) {
+            return self.refuse(&log, refusal);
+        }
         let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         let max_body = shared.config.limits.max_request_body_bytes;
         if let Some(len) = declared.filter(|len| *len > max_body) {
             let detail = format!("the body is {len} bytes; limits.max_request_body_bytes is {max_body}");
             return self.refuse(&log, Refusal::Rejected(Rejection::new(RejectReason::BodyTooLarge, detail)));
         }
+        let req = self.client_body(req);
 
         let classified = match config.router.classify(req.method(), req.uri(), req.headers()) {
             Ok(c) => c,
@@ -186,22 +191,31 @@ impl Fence {
         log.resource = classified.resource.as_ref().map(ToString::to_string);
 
         // P6: the sidecar decides the resource; a client's claim must agree.
-        let mut claims = req.headers().get_all(&config.resource_header).iter();
-        if let Some(claim) = claims.next() {
-            let agrees = claims.next().is_none()
-                && classified.resource.as_ref().is_some_and(|r| claim.as_bytes() == r.as_str().as_bytes());
-            if !agrees {
-                let detail = format!(
-                    "the {} header says {:?} but this route writes resource {:?}; the sidecar decides the resource (P6)",
-                    config.resource_header,
-                    String::from_utf8_lossy(claim.as_bytes()),
-                    log.resource.as_deref().unwrap_or("(none)")
-                );
-                return self.refuse(&log, Refusal::Rejected(Rejection::new(RejectReason::ResourceMismatch, detail)));
-            }
+        let claims: Vec<&HeaderValue> = req.headers().get_all(&config.resource_header).iter().collect();
+        let route_resource = log.resource.as_deref().unwrap_or("(none)");
+        let mismatch = match claims.as_slice() {
+            [] => None,
+            [claim] if classified.resource.as_ref().is_some_and(|r| claim.as_bytes() == r.as_str().as_bytes()) => None,
+            [claim] => Some(format!(
+                "the {} header says {} but this route writes resource {route_resource:?}; the sidecar decides the resource (P6)",
+                config.resource_header,
+                quote_bounded(claim.as_bytes()),
+            )),
+            many => Some(format!(
+                "the {} header appears {} times; send it at most once (this route writes resource {route_resource:?}, P6)",
+                config.resource_header,
+                many.len()
+            )),
+        };
+        if let Some(detail) = mismatch {
+            return self.refuse(&log, Refusal::Rejected(Rejection::new(RejectReason::ResourceMismatch, detail)));
         }
 
         if kind == RouteKind::Read {
+            let req = match self.read_ahead(req).await {
+                Ok(r) => r,
+                Err(refusal) => return self.refuse(&log, refusal),
+            };
             shared.metrics.accepted(false);
             return match self.forward.call(req).await {
                 Ok((resp, upstream)) => {
@@ -252,6 +266,14 @@ impl Fence {
             }
         };
 
+        // The body's beginning is read before the epoch can move or anything
+        // is forwarded: a small body over the limit, or a client too slow to
+        // send it, is refused with nothing sent upstream.
+        let mut req = match self.read_ahead(req).await {
+            Ok(r) => r,
+            Err(refusal) => return self.refuse(&log, refusal),
+        };
+
         // A higher token waits for every lower-token write in flight to end
         // (P3): each holds the shared guard until its response has streamed.
         let exclusive = || async { Ok(state.exclusive().await) };
@@ -292,6 +314,70 @@ impl Fence {
         }
     }
 
+    /// The head limits, answered as problem+json (hyper's own limits, twice
+    /// these, answer a bare 431 and close the connection).
+    fn check_head(&self, req: &Request<Incoming>) -> Result<(), Refusal> {
+        let limits = &self.shared.config.limits;
+        let headers = req.headers();
+        if headers.len() > limits.max_headers {
+            return Err(Refusal::HeadersTooLarge(format!(
+                "the request has {} headers; limits.max_headers is {}",
+                headers.len(),
+                limits.max_headers
+            )));
+        }
+        let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+        let size = req.method().as_str().len()
+            + target
+            + headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum::<usize>();
+        if size > limits.max_header_bytes {
+            return Err(Refusal::HeadersTooLarge(format!(
+                "the request line and headers are about {size} bytes; limits.max_header_bytes is {}",
+                limits.max_header_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Wraps the client's body: the size limit (cut the moment it is
+    /// crossed) and the client's timeouts.
+    fn client_body(&self, req: Request<Incoming>) -> Request<ProxyBody> {
+        let config = &self.shared.config;
+        let max = usize::try_from(config.limits.max_request_body_bytes).unwrap_or(usize::MAX);
+        let timeouts = &config.timeouts;
+        req.map(|body| ClientBody::new(Limited::new(body, max), timeouts.body_idle, timeouts.request_body).boxed())
+    }
+
+    /// Reads the beginning of a body (see [`READ_AHEAD_BYTES`]): a body of
+    /// unknown length, or one whose declared length fits in the read-ahead
+    /// (so a client too slow to send it is refused with nothing sent). A
+    /// larger declared body, or none, passes as it is.
+    async fn read_ahead(&self, req: Request<ProxyBody>) -> Result<Request<ProxyBody>, Refusal> {
+        let declared_large = req.body().size_hint().exact().is_some_and(|n| n > READ_AHEAD_BYTES as u64);
+        if req.body().is_end_stream() || declared_large {
+            return Ok(req);
+        }
+        let (parts, body) = req.into_parts();
+        let max = self.shared.config.limits.max_request_body_bytes;
+        let up_to = usize::try_from(max.saturating_add(1)).unwrap_or(usize::MAX).min(READ_AHEAD_BYTES);
+        match ReadAhead::read(body, up_to).await {
+            Ok(body) => Ok(Request::from_parts(parts, body.boxed())),
+            Err(e) => Err(match BodyFailure::of(&*e) {
+                Some(BodyFailure::TooLarge) => Refusal::Rejected(Rejection::new(
+                    RejectReason::BodyTooLarge,
+                    format!(
+                        "the body grew past limits.max_request_body_bytes ({max} bytes) before anything was forwarded"
+                    ),
+                )),
+                Some(BodyFailure::TooSlow) => {
+                    self.shared.metrics.timed_out(TimeoutStage::RequestBody);
+                    Refusal::ClientBodyTimeout(format!("{e}; nothing was forwarded"))
+                }
+                None => Refusal::ClientBodyFailed(format!("{e}; nothing was forwarded")),
+            }),
+        }
+    }
+
     fn upstream_failed(
         &self,
         log: &RejectionContext,
@@ -308,15 +394,37 @@ impl Fence {
                     Refusal::UpstreamUnreachable(format!("{msg}; nothing was sent, the request may be retried")),
                 )
             }
-            ForwardError::OutcomeUnknown(reason) => {
+            ForwardError::OutcomeUnknown { reason, body } => {
                 m.upstream_error(UpstreamError::OutcomeUnknown);
+                if body == Some(BodyFailure::TooSlow) {
+                    m.timed_out(TimeoutStage::RequestBody);
+                }
                 tracing::warn!(request_id = %log.request_id, resource = log.resource.as_deref().unwrap_or("-"), %reason, "upstream outcome unknown");
+                // The client's own body failure is the cause worth telling it.
+                let cause = body.map(|_| reason.clone());
                 if let Some((state, connection)) = fenced {
                     self.shared.resources.mark_unknown(state, reason, connection.map(ConnectionClosed::settled));
                 }
                 let resource = log.resource.clone().unwrap_or_default();
-                self.refuse(log, Refusal::OutcomeUnknown { resource })
+                self.refuse(log, Refusal::OutcomeUnknown { resource, cause })
             }
         }
     }
+}
+
+/// Longest client text quoted back in a refusal's detail, in bytes.
+const MAX_QUOTED_BYTES: usize = 256;
+
+/// Client-supplied bytes quoted for a detail: as a debug string (control
+/// characters escaped) and cut at [`MAX_QUOTED_BYTES`].
+fn quote_bounded(raw: &[u8]) -> String {
+    let text = String::from_utf8_lossy(raw);
+    if text.len() <= MAX_QUOTED_BYTES {
+        return format!("{text:?}");
+    }
+    let mut end = MAX_QUOTED_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}… ({} bytes)", &text[..end], raw.len())
 }

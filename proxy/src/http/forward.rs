@@ -11,7 +11,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, Request, Response, Uri, header};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
@@ -29,7 +28,7 @@ use crate::core::admin::UpstreamProbe;
 use crate::core::clock;
 use crate::core::state::Settled;
 use crate::core::tls::{TlsError, config_err, load_certs, load_key, provider, roots};
-use crate::http::body::{BoxError, IdleTimeoutBody, ProxyBody};
+use crate::http::body::{BodyFailure, BoxError, ClientBodyTimeout, IdleTimeoutBody, ProxyBody};
 use crate::http::config::{HttpConfig, UpstreamTls};
 
 /// The connection a request went out on, once hyper has picked one.
@@ -174,8 +173,14 @@ pub(crate) enum ForwardError {
     #[error("cannot connect to the upstream: {0}")]
     Connect(String),
     /// The request may have reached the upstream (P4).
-    #[error("outcome unknown: {0}")]
-    OutcomeUnknown(String),
+    #[error("outcome unknown: {reason}")]
+    OutcomeUnknown {
+        /// What happened.
+        reason: String,
+        /// Whether the client's body failed (too large, too slow), rather
+        /// than the upstream.
+        body: Option<BodyFailure>,
+    },
 }
 
 /// The request body sent upstream: the client's body, streamed, with the
@@ -279,9 +284,11 @@ impl Forward {
 
     /// Forwards one request; resolves at the upstream's response headers.
     /// The response body streams afterwards, with the idle timeout.
+    /// The request body comes prepared by the fence: size-limited, with the
+    /// client's timeouts, read ahead ([`crate::http::body`]).
     pub(crate) async fn call(
         &self,
-        req: Request<Incoming>,
+        req: Request<ProxyBody>,
     ) -> Result<(Response<IdleTimeoutBody<Incoming>>, Duration), ForwardError> {
         let (mut parts, body) = req.into_parts();
         let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -291,8 +298,6 @@ impl Forward {
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::HOST);
         parts.version = http::Version::HTTP_11;
-        let max = usize::try_from(self.max_body).unwrap_or(usize::MAX);
-        let body = IdleTimeoutBody::new(Limited::new(body, max), self.body_idle).boxed();
         // Extensions survive `into_parts`/`from_parts`, so a connection
         // capture the fence installed still sees this request's connection.
         let req = Request::from_parts(parts, body);
@@ -307,10 +312,22 @@ impl Forward {
                 Ok((Response::from_parts(parts, IdleTimeoutBody::new(body, self.body_idle)), elapsed))
             }
             Ok(Err(e)) if e.is_connect() || refused_in_handshake(&e) => Err(ForwardError::Connect(error_chain(&e))),
-            Ok(Err(e)) => Err(ForwardError::OutcomeUnknown(error_chain(&e))),
-            Err(_) => {
-                Err(ForwardError::OutcomeUnknown(format!("no response headers within {:?}", self.response_timeout)))
+            Ok(Err(e)) => {
+                let body = BodyFailure::of(&e);
+                let reason = match body {
+                    Some(BodyFailure::TooLarge) => format!(
+                        "the request body grew past limits.max_request_body_bytes ({} bytes) while it was being forwarded, so the upstream saw it cut",
+                        self.max_body
+                    ),
+                    Some(BodyFailure::TooSlow) => format!("{}, so the upstream saw it cut", client_body_error(&e)),
+                    None => error_chain(&e),
+                };
+                Err(ForwardError::OutcomeUnknown { reason, body })
             }
+            Err(_) => Err(ForwardError::OutcomeUnknown {
+                reason: format!("no response headers within {:?}", self.response_timeout),
+                body: None,
+            }),
         }
     }
 
@@ -366,6 +383,18 @@ fn refused_in_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
         next = err.source();
     }
     false
+}
+
+/// The [`ClientBodyTimeout`] in `e`'s source chain, as text.
+fn client_body_error(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(t) = err.downcast_ref::<ClientBodyTimeout>() {
+            return t.to_string();
+        }
+        next = err.source();
+    }
+    error_chain(e)
 }
 
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {

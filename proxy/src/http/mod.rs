@@ -7,7 +7,10 @@
 //! - `fence`: the tower layer in front of `forward` (P1–P6, P8 through the
 //!   core fence).
 //! - `forward`: the pooled upstream client (plain or TLS) and its timeouts.
-//! - `body`: streaming body wrappers (idle timeout, guard until the end).
+//! - `body`: streaming body wrappers (the client's body limit and timeouts,
+//!   read-ahead, idle timeout, guard until the end).
+//! - `conn`: the connection timeouts hyper does not enforce (head, idle,
+//!   a client that stops reading).
 //! - `problem`: the one place refusals become HTTP statuses.
 //!
 //! This module serves one connection: TLS (when configured), then hyper
@@ -15,6 +18,7 @@
 
 pub(crate) mod body;
 pub(crate) mod config;
+pub(crate) mod conn;
 pub(crate) mod fence;
 pub(crate) mod forward;
 pub(crate) mod problem;
@@ -24,6 +28,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::{Request, Response};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -33,7 +38,8 @@ use tower::{ServiceBuilder, ServiceExt};
 
 pub use self::config::{HttpConfig, SimpleConfig, UpstreamTls};
 
-use self::body::{BoxError, ProxyBody};
+use self::body::{BoxError, GuardedBody, ProxyBody};
+use self::conn::{ConnTimeouts, ConnWatch, Watched};
 use self::fence::{ClientIdentity, FenceLayer, PeerAddr};
 use self::forward::Forward;
 use self::problem::respond_to_layer_error;
@@ -56,6 +62,7 @@ pub(crate) struct HttpServer {
     builder: auto::Builder<TokioExecutor>,
     tls: Option<TlsAcceptor>,
     tls_handshake: std::time::Duration,
+    timeouts: ConnTimeouts,
 }
 
 impl HttpServer {
@@ -90,20 +97,37 @@ impl HttpServer {
             .service(forward);
         let stack = tower::util::BoxCloneSyncService::new(stack.map_err(Into::<BoxError>::into));
 
+        // hyper's own head limits are twice the configured ones: the fence
+        // checks the configured ones and answers problem+json, and only a
+        // head beyond twice them gets hyper's bare 431 (the buffer must
+        // stop somewhere).
+        let hard_header_bytes = config.limits.max_header_bytes.saturating_mul(2);
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(config.timeouts.header_read)
-            .max_buf_size(config.limits.max_header_bytes)
-            .max_headers(config.limits.max_headers);
+            // `conn` times heads and idle keep-alive itself (hyper's timer
+            // is both in one, and misses the protocol detection before it).
+            .header_read_timeout(None)
+            // A client that half-closes after its request (`nc -N`,
+            // shutdown(SHUT_WR)) still gets its answer, and its write is not
+            // abandoned mid-call (which would make the resource
+            // indeterminate, P4).
+            .half_close(true)
+            .max_buf_size(hard_header_bytes)
+            .max_headers(config.limits.max_headers.saturating_mul(2));
         builder
             .http2()
             .timer(TokioTimer::new())
             .max_concurrent_streams(config.limits.max_streams_per_connection)
-            .max_header_list_size(u32::try_from(config.limits.max_header_bytes).unwrap_or(u32::MAX));
+            .max_header_list_size(u32::try_from(hard_header_bytes).unwrap_or(u32::MAX));
         let tls_handshake = config.timeouts.tls_handshake;
-        Self { core, stack, builder, tls, tls_handshake }
+        let timeouts = ConnTimeouts {
+            header_read: config.timeouts.header_read,
+            idle: config.timeouts.idle,
+            write_stall: config.timeouts.body_idle,
+        };
+        Self { core, stack, builder, tls, tls_handshake, timeouts }
     }
 
     /// Serves one accepted connection until it ends, the proxy drains (the
@@ -130,8 +154,13 @@ impl HttpServer {
                 }
             },
         };
+        let watch = ConnWatch::new(self.timeouts, metrics.clone());
+        let io = Watched::new(io, watch.clone());
         let stack = self.stack.clone();
+        let requests = watch.clone();
         let svc = tower::service_fn(move |mut req: Request<Incoming>| {
+            // Ends when hyper drops the answer's body (written or abandoned).
+            let active = requests.request_started(req.version() == http::Version::HTTP_2);
             req.extensions_mut().insert(PeerAddr(peer));
             if let Some(id) = &identity {
                 req.extensions_mut().insert(ClientIdentity(id.clone()));
@@ -140,18 +169,32 @@ impl HttpServer {
             let metrics = metrics.clone();
             async move {
                 let result: Result<Response<ProxyBody>, BoxError> = call.await;
-                Ok::<_, Infallible>(result.unwrap_or_else(|e| {
+                let resp = result.unwrap_or_else(|e| {
                     if e.is::<tower::load_shed::error::Overloaded>() {
                         metrics.overloaded.inc();
                     }
                     respond_to_layer_error(e)
-                }))
+                });
+                Ok::<_, Infallible>(resp.map(|body| GuardedBody::new(body, active).boxed()))
             }
         });
         let conn = self.builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(svc));
         tokio::pin!(conn);
+        let idle = watch.idle_expired().clone();
         let result = tokio::select! {
             result = conn.as_mut() => result,
+            () = idle.cancelled() => {
+                // Idle for timeouts.idle: close politely (HTTP/2: GOAWAY),
+                // and for good if the client does not let it finish.
+                tracing::debug!(%peer, "closing an idle client connection (timeouts.idle)");
+                conn.as_mut().graceful_shutdown();
+                let bound = watch.timeouts().header_read;
+                tokio::select! {
+                    result = conn.as_mut() => result,
+                    () = tokio::time::sleep(bound) => return,
+                    () = abort.cancelled() => return,
+                }
+            }
             () = drain.cancelled() => {
                 conn.as_mut().graceful_shutdown();
                 tokio::select! {

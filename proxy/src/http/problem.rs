@@ -20,11 +20,20 @@ pub(crate) enum Refusal {
     /// Connecting to the upstream failed: nothing was sent, safe to retry.
     #[error("{0}")]
     UpstreamUnreachable(String),
-    /// Bytes went upstream and then the call timed out or was reset (P4).
-    #[error(
-        "the upstream call for resource {resource} timed out or was reset after the request was sent; its outcome is unknown and it will not be retried"
-    )]
-    OutcomeUnknown { resource: String },
+    /// Bytes went upstream and then the call timed out or was reset (P4);
+    /// `cause` when the client's own body was cut (too large, too slow).
+    #[error("{}", outcome_unknown_detail(resource, cause.as_deref()))]
+    OutcomeUnknown { resource: String, cause: Option<String> },
+    /// The head is larger than `limits.max_header_bytes` or has more than
+    /// `limits.max_headers` headers; nothing was sent.
+    #[error("{0}")]
+    HeadersTooLarge(String),
+    /// The client was too slow sending its body; nothing was sent.
+    #[error("{0}")]
+    ClientBodyTimeout(String),
+    /// The client's body failed (the client reset it); nothing was sent.
+    #[error("the request body could not be read: {0}")]
+    ClientBodyFailed(String),
     /// The epoch store could not persist a raise; nothing was sent.
     #[error("the epoch store is unavailable: {0}")]
     StoreUnavailable(String),
@@ -60,6 +69,9 @@ impl Refusal {
             Self::Rejected(r) => Self::status_of(r.reason),
             Self::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             Self::OutcomeUnknown { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::ClientBodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::ClientBodyFailed(_) => StatusCode::BAD_REQUEST,
             Self::StoreUnavailable(_) | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -131,6 +143,9 @@ impl Refusal {
             },
             Self::UpstreamUnreachable(_) => ("upstream-unreachable", "The upstream could not be reached"),
             Self::OutcomeUnknown { .. } => ("outcome-unknown", "The write's outcome is unknown"),
+            Self::HeadersTooLarge(_) => ("headers-too-large", "The request head is larger than allowed"),
+            Self::ClientBodyTimeout(_) => ("body-timeout", "The request body arrived too slowly"),
+            Self::ClientBodyFailed(_) => ("body-failed", "The request body could not be read"),
             Self::StoreUnavailable(_) => ("store-unavailable", "The epoch store is unavailable"),
             Self::Overloaded => ("overloaded", "The proxy is overloaded"),
             Self::Internal(_) => ("internal", "Internal proxy error"),
@@ -143,7 +158,7 @@ impl Refusal {
         let (slug, title) = self.slug_and_title();
         let (resource, presented_token, current_epoch, retry_after) = match &self {
             Self::Rejected(r) => (r.resource.as_deref(), r.presented_token, r.current_epoch, r.retry_after_secs),
-            Self::OutcomeUnknown { resource } => (Some(resource.as_str()), None, None, None),
+            Self::OutcomeUnknown { resource, .. } => (Some(resource.as_str()), None, None, None),
             Self::Overloaded | Self::StoreUnavailable(_) => (None, None, None, Some(1)),
             _ => (None, None, None, None),
         };
@@ -166,6 +181,17 @@ impl Refusal {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
+    }
+}
+
+fn outcome_unknown_detail(resource: &str, cause: Option<&str>) -> String {
+    match cause {
+        None => format!(
+            "the upstream call for resource {resource} timed out or was reset after the request was sent; its outcome is unknown and it will not be retried"
+        ),
+        Some(cause) => format!(
+            "{cause} after part of the request was sent for resource {resource}; its outcome is unknown and it will not be retried"
+        ),
     }
 }
 

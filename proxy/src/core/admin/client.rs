@@ -12,9 +12,16 @@ use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::core::admin::{ClearIndeterminateRequest, ClearIndeterminateResponse, RaiseEpochRequest, ResourcesPage};
+use crate::core::admin::{
+    AdminToken, ClearIndeterminateRequest, ClearIndeterminateResponse, RaiseEpochRequest, ResourcesPage,
+};
 use crate::core::rejections::RejectionsPage;
 use crate::core::state::ResourceStatus;
+
+/// The environment variable naming the file that holds the admin bearer
+/// token, read by [`AdminClient::with_token_from_env`] (the token itself is
+/// never on the command line or in the environment).
+pub const ADMIN_TOKEN_FILE_ENV: &str = "FENCER_PROXY_ADMIN_TOKEN_FILE";
 
 /// Largest admin response read, in bytes.
 const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
@@ -44,6 +51,9 @@ pub enum AdminClientError {
     /// The answer could not be decoded.
     #[error("cannot decode the proxy's answer: {0}")]
     Decode(String),
+    /// The admin token file is unusable.
+    #[error(transparent)]
+    Token(#[from] crate::core::admin::AdminTokenError),
 }
 
 /// Client for one proxy's admin API.
@@ -52,6 +62,7 @@ pub struct AdminClient {
     base: String,
     client: Client<HttpConnector, Full<Bytes>>,
     timeout: Duration,
+    token: Option<AdminToken>,
 }
 
 impl AdminClient {
@@ -65,7 +76,23 @@ impl AdminClient {
             return Err(AdminClientError::BadAddress(addr.to_owned()));
         }
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Ok(Self { base, client, timeout })
+        Ok(Self { base, client, timeout, token: None })
+    }
+
+    /// Sends the bearer token read from `path` (as the proxy reads its
+    /// `admin_token_file`) with every call.
+    pub fn with_token_file(mut self, path: &std::path::Path) -> Result<Self, AdminClientError> {
+        self.token = Some(AdminToken::load(path)?);
+        Ok(self)
+    }
+
+    /// [`with_token_file`](Self::with_token_file) with the file named by
+    /// [`ADMIN_TOKEN_FILE_ENV`], when it is set.
+    pub fn with_token_from_env(self) -> Result<Self, AdminClientError> {
+        match std::env::var_os(ADMIN_TOKEN_FILE_ENV) {
+            Some(path) if !path.is_empty() => self.with_token_file(std::path::Path::new(&path)),
+            _ => Ok(self),
+        }
     }
 
     async fn call<T: DeserializeOwned>(
@@ -78,6 +105,9 @@ impl AdminClient {
         let mut req = Request::builder().method(method).uri(format!("{}{path_and_query}", self.base));
         if body.is_some() {
             req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(token) = &self.token {
+            req = req.header(header::AUTHORIZATION, token.bearer());
         }
         let req = req
             .body(Full::new(Bytes::from(body.unwrap_or_default())))

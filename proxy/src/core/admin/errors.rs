@@ -25,6 +25,20 @@ pub(crate) enum AdminError {
     /// This process does not offer the call (501).
     #[error("{0}")]
     NotImplemented(String),
+    /// The call lacks the admin bearer token, or presents another (401).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The framework refused the request before a handler ran: its body
+    /// (413, 415, 400), its head (431), its path (404) or method (405).
+    #[error("{detail}")]
+    Request {
+        /// The status.
+        status: StatusCode,
+        /// The problem `type` slug.
+        slug: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
 }
 
 impl AdminError {
@@ -35,6 +49,8 @@ impl AdminError {
             Self::WouldLower(_) => (StatusCode::CONFLICT, "epoch-would-decrease"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::NotImplemented(_) => (StatusCode::NOT_IMPLEMENTED, "not-implemented"),
+            Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::Request { status, slug, .. } => (*status, slug),
         }
     }
 }
@@ -51,6 +67,9 @@ impl IntoResponse for AdminError {
         let mut resp = Response::new(axum::body::Body::from(body.to_string()));
         *resp.status_mut() = status;
         resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         resp
     }
 }

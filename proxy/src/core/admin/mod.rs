@@ -1,24 +1,33 @@
-//! The admin API of both front ends (loopback by default; no
-//! authentication until mTLS, DESIGN §7): per-resource state, paged
+//! The admin API of both front ends (loopback by default; a bearer token
+//! with `admin_token_file`): per-resource state, paged
 //! rejections, raise-epoch and clear-indeterminate (both audited),
 //! `/metrics`, `/livez`, `/readyz`, and the run-time log filter
 //! (`/v1/log-level`).
 //!
 //! - `errors`: [`AdminError`] and the one place it becomes a response.
 //! - `client`: [`AdminClient`](client::AdminClient), for the CLI.
+//! - `auth`: the bearer token.
+//! - `extract`: request checks whose refusals are [`AdminError`]s, and the
+//!   bounds on operator text.
 
+mod auth;
 mod client;
 mod errors;
+mod extract;
 
-pub use self::client::{AdminClient, AdminClientError};
+pub(crate) use self::auth::AdminToken;
+pub use self::auth::{AdminTokenError, MAX_ADMIN_TOKEN_BYTES, MIN_ADMIN_TOKEN_BYTES, admin_token_from_env};
+pub use self::client::{ADMIN_TOKEN_FILE_ENV, AdminClient, AdminClientError};
 pub(crate) use self::errors::AdminError;
+use self::extract::{AdminJson, AdminQuery, operator_text};
+pub use self::extract::{MAX_ADMIN_BODY_BYTES, MAX_ADMIN_HEAD_BYTES, MAX_ADMIN_HEADERS, MAX_OPERATOR_TEXT_BYTES};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{ConnectInfo, Query, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -47,21 +56,25 @@ pub struct ResourcesPage {
 
 /// `POST /v1/raise-epoch` body.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RaiseEpochRequest {
     /// The resource.
     pub resource: String,
     /// The new epoch; must not be below the current one (P8).
     pub epoch: u64,
-    /// Why, for the audit log.
+    /// Why, for the audit log: at most [`MAX_OPERATOR_TEXT_BYTES`] bytes,
+    /// no control characters.
     pub reason: String,
 }
 
 /// `POST /v1/clear-indeterminate` body.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ClearIndeterminateRequest {
     /// The resource.
     pub resource: String,
-    /// Why, for the audit log.
+    /// Why, for the audit log: at most [`MAX_OPERATOR_TEXT_BYTES`] bytes,
+    /// no control characters.
     pub reason: String,
 }
 
@@ -75,6 +88,7 @@ pub struct ClearIndeterminateResponse {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ResourcesQuery {
     after: Option<String>,
     limit: Option<usize>,
@@ -82,6 +96,7 @@ struct ResourcesQuery {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RejectionsQuery {
     before: Option<u64>,
     limit: Option<usize>,
@@ -102,8 +117,12 @@ struct AdminState {
     upstream: Arc<dyn UpstreamProbe>,
 }
 
-pub(crate) fn router(shared: Arc<FenceCore>, upstream: Arc<dyn UpstreamProbe>) -> axum::Router {
-    axum::Router::new()
+pub(crate) fn router(
+    shared: Arc<FenceCore>,
+    upstream: Arc<dyn UpstreamProbe>,
+    token: Option<AdminToken>,
+) -> axum::Router {
+    let router = axum::Router::new()
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -114,7 +133,17 @@ pub(crate) fn router(shared: Arc<FenceCore>, upstream: Arc<dyn UpstreamProbe>) -
         .route("/v1/log-level", get(get_log_level))
         .route("/v1/log-level", put(set_log_level))
         .route("/v1/reload-keys", post(reload_keys))
-        .with_state(AdminState { shared, upstream })
+        .fallback(extract::no_such_path)
+        .method_not_allowed_fallback(extract::no_such_method)
+        .layer(DefaultBodyLimit::max(MAX_ADMIN_BODY_BYTES))
+        .with_state(AdminState { shared, upstream });
+    // Outermost, so first: the head limits, then the token, then the
+    // routes and their extractors.
+    let router = match token {
+        Some(token) => router.layer(axum::middleware::from_fn_with_state(token, auth::require_token)),
+        None => router,
+    };
+    router.layer(axum::middleware::from_fn(extract::head_limits))
 }
 
 fn page_limit(limit: Option<usize>) -> Result<usize, AdminError> {
@@ -126,7 +155,14 @@ fn page_limit(limit: Option<usize>) -> Result<usize, AdminError> {
 }
 
 fn resource_name(raw: &str) -> Result<ResourceName, AdminError> {
-    ResourceName::new(raw).map_err(|e| AdminError::BadRequest(format!("resource {raw:?}: {e}")))
+    ResourceName::new(raw).map_err(|e| {
+        // Quote a name of plausible length; of a longer one, only its size.
+        if raw.len() <= 2 * crate::core::names::MAX_RESOURCE_NAME_BYTES {
+            AdminError::BadRequest(format!("resource {raw:?}: {e}"))
+        } else {
+            AdminError::BadRequest(format!("resource of {} bytes: {e}", raw.len()))
+        }
+    })
 }
 
 async fn readyz(State(s): State<AdminState>) -> Response {
@@ -144,6 +180,7 @@ async fn readyz(State(s): State<AdminState>) -> Response {
 
 /// `GET`/`PUT /v1/log-level` body and answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct LogLevel {
     filter: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -167,8 +204,9 @@ async fn get_log_level(State(s): State<AdminState>) -> Result<Json<LogLevel>, Ad
 async fn set_log_level(
     State(s): State<AdminState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Json(req): Json<LogLevel>,
+    AdminJson(req): AdminJson<LogLevel>,
 ) -> Result<Json<LogLevel>, AdminError> {
+    operator_text("filter", &req.filter)?;
     let control = log_control(&s)?;
     let previous = control.0.current();
     control.0.set(&req.filter).map_err(|e| AdminError::BadRequest(format!("filter: {e}")))?;
@@ -188,7 +226,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
 
 async fn resources(
     State(s): State<AdminState>,
-    Query(q): Query<ResourcesQuery>,
+    AdminQuery(q): AdminQuery<ResourcesQuery>,
 ) -> Result<Json<ResourcesPage>, AdminError> {
     let resources = &s.shared.resources;
     if let Some(name) = q.name {
@@ -207,6 +245,11 @@ async fn resources(
         return Ok(Json(ResourcesPage { floor: resources.floor(), resources: vec![status], next_after: None }));
     }
     let limit = page_limit(q.limit)?;
+    // The cursor is a resource name: one that could not be is refused, like
+    // any other bad query, not answered as an empty page.
+    if let Some(after) = &q.after {
+        resource_name(after).map_err(|e| AdminError::BadRequest(format!("after: {e}")))?;
+    }
     let mut page = resources.list(q.after.as_deref(), limit + 1);
     let more = page.len() > limit;
     page.truncate(limit);
@@ -217,7 +260,7 @@ async fn resources(
 
 async fn rejections(
     State(s): State<AdminState>,
-    Query(q): Query<RejectionsQuery>,
+    AdminQuery(q): AdminQuery<RejectionsQuery>,
 ) -> Result<Json<crate::core::rejections::RejectionsPage>, AdminError> {
     let limit = page_limit(q.limit)?;
     s.shared.store.rejections(q.before, limit).await.map(Json).map_err(|e| AdminError::Unavailable(e.to_string()))
@@ -226,9 +269,10 @@ async fn rejections(
 async fn raise_epoch(
     State(s): State<AdminState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Json(req): Json<RaiseEpochRequest>,
+    AdminJson(req): AdminJson<RaiseEpochRequest>,
 ) -> Result<Json<ResourceStatus>, AdminError> {
     let name = resource_name(&req.resource)?;
+    operator_text("reason", &req.reason)?;
     let shared = &s.shared;
     let state = shared.resources.get_or_create(&name).map_err(|e| AdminError::Unavailable(e.to_string()))?;
     // Like a higher token: wait for writes in flight, then move E.
@@ -265,9 +309,10 @@ async fn raise_epoch(
 async fn clear_indeterminate(
     State(s): State<AdminState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Json(req): Json<ClearIndeterminateRequest>,
+    AdminJson(req): AdminJson<ClearIndeterminateRequest>,
 ) -> Result<Json<ClearIndeterminateResponse>, AdminError> {
     let name = resource_name(&req.resource)?;
+    operator_text("reason", &req.reason)?;
     let shared = &s.shared;
     let state = shared
         .resources
