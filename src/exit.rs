@@ -67,7 +67,7 @@ pub(crate) fn code_for(e: &ClientError) -> u8 {
         ClientError::Config(_) => INVALID,
         ClientError::Refused { reason, .. } => match reason {
             Reason::LockHeld | Reason::WaitTimeout | Reason::TooManyWaiters => NOT_ACQUIRED,
-            Reason::NotHolder | Reason::LeaseExpired => NOT_HOLDER,
+            Reason::NotHolder | Reason::LeaseExpired | Reason::LeaseEnded => NOT_HOLDER,
             Reason::InvalidArgument | Reason::RequestIdReused => INVALID,
             Reason::Other(r) if r == "UNKNOWN_SIGNING_KEY" || r == "SIGNING_KEY_REFUSED" => INVALID,
             Reason::NotLeader

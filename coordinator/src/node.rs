@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::ClientTlsConfig;
 
-use crate::api::{AdminApi, LockApi, router, status_router};
+use crate::api::{AdminApi, LockApi, router, status_router, with_json_errors};
 use crate::audit::{AuditConfig, AuditLog};
 use crate::bootstrap::{self, ClusterId, Identity, PristineStep};
 use crate::clock::Clock;
@@ -498,14 +498,15 @@ impl Node {
             .max_decoding_message_size(MAX_RAFT_MESSAGE)
             .max_encoding_message_size(MAX_RAFT_MESSAGE),
         );
-        let app = grpc
-            .routes()
-            .into_axum_router()
-            .merge(router(svc.clone(), metrics.clone(), auth.clone()))
-            .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
+        let app = with_json_errors(grpc.routes().into_axum_router().merge(router(
+            svc.clone(),
+            metrics.clone(),
+            auth.clone(),
+        )))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
         let server = tokio::spawn(crate::server::serve(listener, app, server_tls, shutdown_rx.clone(), SHUTDOWN_GRACE));
         let status_server = status_listener.map(|l| {
-            let app = status_router(svc.clone(), metrics.clone(), auth.clone())
+            let app = with_json_errors(status_router(svc.clone(), metrics.clone(), auth.clone()))
                 .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
             tokio::spawn(crate::server::serve(l, app, None, shutdown_rx.clone(), SHUTDOWN_GRACE))
         });

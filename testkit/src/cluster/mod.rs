@@ -332,7 +332,7 @@ impl Cluster {
         let req = AcquireRequest {
             resource: resource.into(),
             request_id: request_id.into(),
-            ttl_ms,
+            ttl_ms: Some(ttl_ms),
             wait_timeout_ms: wait_ms,
             holder: format!("{request_id}@{n}"),
         };
