@@ -118,6 +118,7 @@ pub use self::network::{FaultAction, Faults};
 pub use self::node::{MAX_REQUEST_BYTES, Node, NodeConfig, StartError};
 pub use self::policy::Policy;
 pub use self::raft::{RaftHandle, TypeConfig};
+pub use self::server::ConnectionLimits;
 pub use self::service::{
     AcquireRequest, ForceReleased, Granted, Health, LockError, LockService, LockView, MemberView, Released, Renewed,
     StatusView,

@@ -114,6 +114,7 @@ pub(crate) const HTTP_REASONS: &[&str] = &[
     "UNSUPPORTED_MEDIA_TYPE",
     "REQUEST_TOO_LARGE",
     "HEADERS_TOO_LARGE",
+    "BODY_TIMEOUT",
     "NO_LOG_CONTROL",
 ];
 
@@ -188,6 +189,17 @@ impl ApiError {
             format!("the request line and headers are {size} bytes, above the limit of {limit} bytes"),
         )
         .with("limit", limit.to_string())
+    }
+
+    /// 408: the body did not arrive within `limit` of its head.
+    pub(crate) fn body_timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            Code::DeadlineExceeded,
+            "BODY_TIMEOUT",
+            format!("the request body did not arrive within {limit:?} (the connection's body timeout)"),
+        )
+        .with("limit_ms", limit.as_millis().to_string())
     }
 
     /// 501: the process gave the node no log filter to change.

@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 
 use super::errors::ApiError;
 use crate::MAX_REQUEST_BYTES;
+use crate::server::BodyTimeout;
 
 /// The largest request line plus headers the JSON API takes (431 above).
 /// The connection's HTTP/1 read buffer is larger (`server`), so a head up
@@ -35,7 +36,14 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         check_json_content_type(req.headers())?;
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+        // The connection's body timeout (server); a request built without
+        // one (in tests) gets the default.
+        let limit = req
+            .extensions()
+            .get::<BodyTimeout>()
+            .map_or_else(|| crate::ConnectionLimits::default().body_timeout, |t| t.0);
+        let read = tokio::time::timeout(limit, Bytes::from_request(req, state));
+        let bytes = read.await.map_err(|_| ApiError::body_timeout(limit))?.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::too_large(MAX_REQUEST_BYTES)
             } else {

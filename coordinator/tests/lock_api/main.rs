@@ -8,3 +8,4 @@
 
 mod t20_lock_api;
 mod t36_json_api;
+mod t37_connections;
