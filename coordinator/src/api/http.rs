@@ -228,7 +228,6 @@ async fn force_release(State(s): State<HttpState>, Who(who): Who, JsonBody(b): J
         let who = who?;
         who.check(Permission::Admin, &b.resource)?;
         let audit_caller = who.audit_caller(&b.caller);
-        tracing::warn!(caller = %audit_caller, reason = %b.reason, "force-release requested over HTTP");
         s.svc.force_release(&b.resource, &audit_caller, &b.reason).await
     };
     reply(observed(&s.metrics, "force_release", &b.resource, call).await.map(|r| {

@@ -294,6 +294,9 @@ impl LockService {
         let resource = ResourceName::new(resource)?;
         let caller = AuditText::new(caller, "caller")?;
         let reason = AuditText::new(reason, "reason")?;
+        // Logged only once bounded and free of control characters (an
+        // operator's text must not forge log lines or flood the log).
+        tracing::warn!(%resource, caller = %caller.as_str(), reason = %reason.as_str(), "force-release requested");
         self.ensure_leader()?;
         match self.propose_indexed(Command::ForceRelease { resource, caller, reason }).await? {
             (log_index, Outcome::ForceReleased { released_token }) => Ok(ForceReleased { released_token, log_index }),

@@ -186,6 +186,16 @@ async fn t36_whatever_the_api_cannot_take_answers_the_documented_error_body() {
         let (code, v) = raw(addr, &head, &body).await;
         assert_eq!((code, error_reason(&v)), (want, want_reason), "{head}: {v}");
     }
+    // Operator text is bounded and free of control characters before it
+    // is logged or recorded (issue 15 item 11, the coordinator's part).
+    for reason in ["stuck\njob".to_string(), "nul\u{0}".to_string(), "x".repeat(2_000)] {
+        let body = json!({"resource": "ops/a", "caller": "alice", "reason": reason});
+        let (code, v) = post(addr, "/v1/admin/force-release", &body).await;
+        assert_eq!((code, v["error"]["metadata"]["field"].as_str()), (400, Some("reason")), "{v}");
+    }
+    let body = json!({"resource": "ops/a", "caller": "al\rice", "reason": "ok"});
+    let (code, v) = post(addr, "/v1/admin/force-release", &body).await;
+    assert_eq!((code, v["error"]["metadata"]["field"].as_str()), (400, Some("caller")), "{v}");
     let (_, v) = post(addr, "/v1/renew", &json!({"resource": "a", "lease_id": "x"})).await;
     assert_eq!(v["error"]["code"], "INVALID_ARGUMENT", "the gRPC name, not InvalidArgument: {v}");
     node.shutdown().await;
