@@ -10,6 +10,7 @@
 //! | 4 | not the holder: NOT_HOLDER, LEASE_EXPIRED |
 //! | 5 | unavailable or outcome unknown: no leader, NO_QUORUM, timeouts |
 //! | 6 | refused as invalid: INVALID_ARGUMENT, REQUEST_ID_REUSED |
+//! | 141 | stdout was a closed pipe (`fencer audit … \| head -1`): nothing more was printed, quietly, as a Unix tool killed by SIGPIPE (128 + 13) |
 //!
 //! `fencer exec` passes its command's status through (0–255, or 128 + N
 //! when the command was killed by signal N), so its own outcomes live in a
@@ -45,6 +46,8 @@ pub(crate) const NOT_HOLDER: u8 = 4;
 pub(crate) const UNAVAILABLE: u8 = 5;
 /// The request was refused as invalid.
 pub(crate) const INVALID: u8 = 6;
+/// Stdout is a closed pipe: 128 + SIGPIPE, as a Unix tool ends then.
+pub(crate) const CLOSED_PIPE: u8 = 141;
 
 /// `fencer exec`'s own outcomes: 200 + the code of the same failure.
 pub(crate) mod exec {
@@ -67,7 +70,7 @@ pub(crate) fn code_for(e: &ClientError) -> u8 {
         ClientError::Config(_) => INVALID,
         ClientError::Refused { reason, .. } => match reason {
             Reason::LockHeld | Reason::WaitTimeout | Reason::TooManyWaiters => NOT_ACQUIRED,
-            Reason::NotHolder | Reason::LeaseExpired => NOT_HOLDER,
+            Reason::NotHolder | Reason::LeaseExpired | Reason::LeaseEnded => NOT_HOLDER,
             Reason::InvalidArgument | Reason::RequestIdReused => INVALID,
             Reason::Other(r) if r == "UNKNOWN_SIGNING_KEY" || r == "SIGNING_KEY_REFUSED" => INVALID,
             Reason::NotLeader

@@ -142,6 +142,7 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(code) => code,
+        Err(e) if output::is_broken_pipe(&e) => ExitCode::from(exit::CLOSED_PIPE),
         Err(e) => {
             eprintln!("fencer: {e:#}");
             ExitCode::from(1)

@@ -1,5 +1,53 @@
 //! How commands print results: data on stdout (a table for humans or one JSON
 //! object for scripts), logs and errors on stderr.
+//!
+//! Every write to stdout goes through [`outln!`] / [`out!`] (or checks
+//! [`is_broken_pipe`]): when the reader is gone (`fencer audit | head -1`)
+//! the command exits at once and quietly with [`exit::CLOSED_PIPE`], as Unix
+//! tools do, never with a panic or an error message.
+
+use std::io::Write as _;
+
+use crate::exit;
+
+/// `println!` to stdout, exiting quietly when the reader is gone.
+macro_rules! outln {
+    ($($arg:tt)*) => { $crate::output::write_stdout(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!` to stdout, exiting quietly when the reader is gone.
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::output::write_stdout(format_args!($($arg)*)) };
+}
+pub(crate) use {out, outln};
+
+/// Writes to stdout (and flushes); a closed pipe ends the process quietly,
+/// any other failure with a message (exit 1).
+pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) {
+        exit_on_write_error(&e);
+    }
+}
+
+/// Ends the process after a failed write to stdout: quietly with
+/// [`exit::CLOSED_PIPE`] for a closed pipe, else with a message.
+pub(crate) fn exit_on_write_error(e: &std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(i32::from(exit::CLOSED_PIPE));
+    }
+    eprintln!("fencer: cannot write to stdout: {e}");
+    std::process::exit(i32::from(exit::ERROR));
+}
+
+/// Whether `e` (or anything in its chain) is a write to a closed pipe.
+pub(crate) fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || c.downcast_ref::<serde_json::Error>()
+                .is_some_and(|j| j.io_error_kind() == Some(std::io::ErrorKind::BrokenPipe))
+    })
+}
 
 use serde::Serialize;
 
@@ -15,7 +63,7 @@ pub(crate) enum OutputFormat {
 
 /// Prints `value` as one line of JSON on stdout.
 pub(crate) fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string(value)?);
+    outln!("{}", serde_json::to_string(value)?);
     Ok(())
 }
 
@@ -38,7 +86,7 @@ pub(crate) fn print_table(header: &[&str], rows: &[Vec<String>]) {
                 out.push_str(&format!("{cell:<w$}  ", w = widths[i]));
             }
         }
-        println!("{}", out.trim_end());
+        outln!("{}", out.trim_end());
     };
     line(header.to_vec());
     for row in rows {

@@ -11,8 +11,10 @@
 //! A fresh request id is used only when the old one's outcome is *known* to
 //! hold nothing: its queue slot was cancelled (WAIT_TIMEOUT arriving before
 //! our own wait ended — the server's timer starts after ours, so this means
-//! the server saw a call of ours disconnect and cancelled the waiter), or the
-//! grant was already gone when we confirmed it. Never while the old attempt
+//! the server saw a call of ours disconnect and cancelled the waiter), the
+//! server said the grant has ended since (LEASE_ENDED, to a retry whose
+//! first answer was lost), or the grant was already gone when we confirmed
+//! it. Never while the old attempt
 //! could still be waiting. A request id given by the caller is never replaced.
 //!
 //! The first deadline counts from the send time of the *first* attempt with
@@ -165,8 +167,10 @@ impl Client {
 enum Step {
     /// Granted.
     Granted(Grant),
-    /// The request id's outcome is known to hold nothing: a fresh one may try.
-    Restart,
+    /// The request id's outcome is known to hold nothing: a fresh one may
+    /// try. With the server's refusal that said so, when it did
+    /// (LEASE_ENDED), to report if no fresh request id may try.
+    Restart(Option<ClientError>),
     /// Final.
     Fail(AcquireError),
 }
@@ -237,16 +241,20 @@ impl AcquireBuilder {
         let mut request_id = self.request_id.clone().unwrap_or_else(new_request_id);
         let mut restarts = 0;
         loop {
-            let failure = match self.attempt_all(&request_id, wait_end, end).await {
+            let (failure, why) = match self.attempt_all(&request_id, wait_end, end, restarts == 0).await {
                 Step::Granted(grant) => match finish(grant, end).await {
                     Ok(done) => return Ok(done),
-                    Err(failure) => failure,
+                    Err(failure) => (failure, None),
                 },
-                Step::Restart => None,
-                Step::Fail(e) => Some(e),
+                Step::Restart(why) => (None, why),
+                Step::Fail(e) => (Some(e), None),
             };
             match failure {
                 Some(e) => return Err(e),
+                // The caller's own request id: say what the server said.
+                None if caller_id && why.is_some() => {
+                    return Err(AcquireError::NotAcquired(why.expect("checked")));
+                }
                 None if !caller_id && restarts < MAX_RESTARTS => {
                     restarts += 1;
                     request_id = new_request_id();
@@ -273,20 +281,24 @@ impl AcquireBuilder {
         AcquireRequest {
             resource: self.resource.clone(),
             request_id: request_id.to_string(),
-            ttl_ms: self.ttl.map_or(0, |t| t.as_millis() as u64),
+            // None: the server's default; an explicit value is checked as is.
+            ttl_ms: self.ttl.map(|t| t.as_millis() as u64),
             wait_timeout_ms: wait.as_millis() as u64,
             holder: self.holder.clone().unwrap_or_else(default_holder),
         }
     }
 
     /// Every attempt of one request id, until a known outcome or the end of
-    /// the budget. Each retry asks to wait only for what is left of the wait.
-    async fn attempt_all(&self, request_id: &str, wait_end: Instant, end: Instant) -> Step {
+    /// the budget. The very first attempt of the acquire (`first`) asks for
+    /// the whole wait as configured (so `wait(5 min)` asks for exactly the
+    /// server's maximum, not a millisecond less); each retry asks to wait
+    /// only for what is left of it.
+    async fn attempt_all(&self, request_id: &str, wait_end: Instant, end: Instant, first: bool) -> Step {
         let first_sent = clock::now();
         let mut attempt = 0u32;
         loop {
             let sent = clock::now();
-            let wait = wait_end.saturating_duration_since(sent);
+            let wait = if first && attempt == 0 { self.wait } else { wait_end.saturating_duration_since(sent) };
             let call_end = end.max(sent + wait) + self.client.call_timeout();
             let call = self.client.acquire_once(self.request(request_id, wait), wait_end);
             let result = match timeout_at(call_end, call).await {
@@ -321,7 +333,14 @@ impl AcquireBuilder {
                     // server saw an earlier call of ours disconnect — possibly
                     // inside the routing's own resend, hidden from us.
                     let early = clock::now() + EARLY_TIMEOUT_SLACK < wait_end;
-                    return if early { Step::Restart } else { Step::Fail(AcquireError::NotAcquired(error)) };
+                    return if early { Step::Restart(None) } else { Step::Fail(AcquireError::NotAcquired(error)) };
+                }
+                ClientError::Refused { reason: Reason::LeaseEnded, .. } => {
+                    // A retry learnt that this request id's grant (lost
+                    // with an answer) has ended since: it holds nothing,
+                    // never a Held lease. A fresh request id may try.
+                    tracing::debug!(resource = %self.resource, %request_id, "the request id's grant has ended since");
+                    return Step::Restart(Some(error));
                 }
                 ClientError::Refused { reason: Reason::LockHeld | Reason::TooManyWaiters, .. } => {
                     return Step::Fail(AcquireError::NotAcquired(error));

@@ -338,9 +338,16 @@ impl Client {
         let wait = wait_end.saturating_duration_since(crate::clock::now());
         let span =
             tracing::debug_span!("fencer_call", op = "acquire", resource = %req.resource, request_id = %req.request_id);
+        // The first send asks for the wait the request says (the whole wait
+        // on an acquire's first attempt: `wait(5 min)` asks for exactly the
+        // server's maximum, not a millisecond less); a resend for what is
+        // left until `wait_end`.
+        let first = std::sync::atomic::AtomicBool::new(true);
         self.route(wait, |c| {
             let mut req = req.clone();
-            req.wait_timeout_ms = wait_end.saturating_duration_since(crate::clock::now()).as_millis() as u64;
+            if !first.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                req.wait_timeout_ms = wait_end.saturating_duration_since(crate::clock::now()).as_millis() as u64;
+            }
             async move { LockClient::new(c).acquire(req).await }
         })
         .instrument(span)

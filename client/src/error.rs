@@ -18,8 +18,13 @@ pub enum Reason {
     NotHolder,
     /// The lease expired or was force-released.
     LeaseExpired,
-    /// The request id was used before for another resource.
+    /// The request id was used before for another request (resource,
+    /// holder or ttl).
     RequestIdReused,
+    /// A retried acquire whose grant has ended since: it holds nothing
+    /// (metadata: the original `lease_id`, `fencing_token`,
+    /// `expires_at_unix_ms`).
+    LeaseEnded,
     /// The node is not the leader.
     NotLeader,
     /// The leader has no quorum.
@@ -54,6 +59,7 @@ impl Reason {
             "NOT_HOLDER" => Self::NotHolder,
             "LEASE_EXPIRED" => Self::LeaseExpired,
             "REQUEST_ID_REUSED" => Self::RequestIdReused,
+            "LEASE_ENDED" => Self::LeaseEnded,
             "NOT_LEADER" => Self::NotLeader,
             "NO_QUORUM" => Self::NoQuorum,
             "INVALID_ARGUMENT" => Self::InvalidArgument,
@@ -76,6 +82,7 @@ impl Reason {
             Self::NotHolder => "NOT_HOLDER",
             Self::LeaseExpired => "LEASE_EXPIRED",
             Self::RequestIdReused => "REQUEST_ID_REUSED",
+            Self::LeaseEnded => "LEASE_ENDED",
             Self::NotLeader => "NOT_LEADER",
             Self::NoQuorum => "NO_QUORUM",
             Self::InvalidArgument => "INVALID_ARGUMENT",

@@ -21,8 +21,9 @@ use openraft::storage::{RaftSnapshotBuilder as _, RaftStateMachine as _};
 
 use crate::signing::KeyRegistration;
 use crate::{
-    AcquireCmd, AuditText, Clock, Command, Holder, KeyChange, KeyRefusal, LeaseId, LogCommand, Metrics, NoObserver,
-    Quota, RequestId, ResourceName, SNAPSHOT_DIR, STATE_FILE, StateMachineStore, TypeConfig,
+    AcquireCmd, AcquireFingerprint, AuditText, Clock, Command, DedupOutcome, DedupRecord, Holder, KeyChange,
+    KeyRefusal, LeaseId, LogCommand, Metrics, NoObserver, Quota, RequestId, ResourceHash, ResourceName, SNAPSHOT_DIR,
+    STATE_FILE, StateMachineStore, TypeConfig,
 };
 
 fn hex(bytes: &[u8]) -> String {
@@ -247,15 +248,7 @@ fn snapshot_file(dir: &Path) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_keeps_its_bytes() {
     let dir = tempfile::TempDir::new().unwrap();
-    let mut sm = StateMachineStore::open(
-        &dir.path().join(STATE_FILE),
-        &dir.path().join(SNAPSHOT_DIR),
-        Arc::new(NoObserver),
-        Metrics::new(),
-        Clock,
-        None,
-    )
-    .unwrap();
+    let mut sm = open_store(dir.path());
     let entries: Vec<_> = snapshot_commands()
         .into_iter()
         .enumerate()
@@ -277,26 +270,87 @@ async fn a_snapshot_keeps_its_bytes() {
     }
     let snapshot = sm.build_snapshot().await.unwrap();
     let body = snapshot.snapshot.into_inner();
-    assert_golden("snapshot body", &body, GOLDEN_SNAPSHOT_BODY);
+    assert_golden("snapshot body", &body, GOLDEN_SNAPSHOT_BODY_DEDUP_V2);
     let file = snapshot_file(dir.path());
     assert!(file.ends_with(&body), "the file ends with the body");
     assert_golden("snapshot file header", &file[..file.len() - body.len()], GOLDEN_SNAPSHOT_HEADER);
 
     // The body installs on a fresh store and gives the same state.
     let other = tempfile::TempDir::new().unwrap();
-    let mut fresh = StateMachineStore::open(
-        &other.path().join(STATE_FILE),
-        &other.path().join(SNAPSHOT_DIR),
+    let mut fresh = open_store(other.path());
+    fresh.install_snapshot(&snapshot.meta, Cursor::new(body.clone())).await.unwrap();
+    assert_eq!(*fresh.read(), *sm.read(), "the installed state is the built one");
+    let again = fresh.build_snapshot().await.unwrap();
+    assert_golden("snapshot body rebuilt after install", again.snapshot.get_ref(), GOLDEN_SNAPSHOT_BODY_DEDUP_V2);
+
+    // A body of the same commands from before dedup records carried their
+    // fingerprint (version 1, GOLDEN_SNAPSHOT_BODY: a leader or a file not
+    // upgraded yet) installs to the same state without fingerprints, and is
+    // handed out with the bytes it came with.
+    let old = tempfile::TempDir::new().unwrap();
+    let mut from_old = open_store(old.path());
+    let old_body = unhex(GOLDEN_SNAPSHOT_BODY);
+    from_old.install_snapshot(&snapshot.meta, Cursor::new(old_body)).await.unwrap();
+    {
+        let (a, b) = (from_old.read(), sm.read());
+        assert_eq!(a.resources(), b.resources());
+        assert_eq!(a.ended_records(), b.ended_records());
+        assert_eq!(a.signing_keys(), b.signing_keys());
+        let without = |r: &DedupRecord| DedupRecord { fingerprint: AcquireFingerprint::UNKNOWN, ..r.clone() };
+        let expected: Vec<_> = b.dedup_records().iter().map(|(k, r)| (*k, without(r))).collect();
+        let installed: Vec<_> = a.dedup_records().iter().map(|(k, r)| (*k, r.clone())).collect();
+        assert_eq!(installed, expected, "version-1 records, without fingerprints");
+    }
+    let rebuilt = from_old.build_snapshot().await.unwrap();
+    assert_golden("a version-1 body rebuilt", rebuilt.snapshot.get_ref(), GOLDEN_SNAPSHOT_BODY);
+}
+
+fn open_store(dir: &Path) -> StateMachineStore {
+    StateMachineStore::open(
+        &dir.join(STATE_FILE),
+        &dir.join(SNAPSHOT_DIR),
         Arc::new(NoObserver),
         Metrics::new(),
         Clock,
         None,
     )
-    .unwrap();
-    fresh.install_snapshot(&snapshot.meta, Cursor::new(body.clone())).await.unwrap();
-    assert_eq!(*fresh.read(), *sm.read(), "the installed state is the built one");
-    let again = fresh.build_snapshot().await.unwrap();
-    assert_golden("snapshot body rebuilt after install", again.snapshot.get_ref(), GOLDEN_SNAPSHOT_BODY);
+    .unwrap()
+}
+
+fn unhex(golden: &str) -> Vec<u8> {
+    let hex: String = golden.split_whitespace().collect();
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
+}
+
+/// A dedup record's two stored versions: version 2 appends the
+/// fingerprint, version 1 (no fingerprint known) keeps its old bytes, and
+/// a version-1 reader (the serde form, which older nodes decode with
+/// postcard's prefix read) reads a version-2 record without it.
+#[test]
+fn a_dedup_record_keeps_its_bytes_in_both_versions() {
+    let record = DedupRecord {
+        resource: ResourceHash::of(&res("orders/42")),
+        outcome: DedupOutcome::Granted {
+            lease_id: LeaseId::from_u128(LEASE),
+            token: crate::FencingToken(4242),
+            ttl_ms: 30_000,
+            waited: true,
+        },
+        at_ms: 1_770_000_000_123,
+        fingerprint: AcquireFingerprint::of(&Holder::new("host-1/pid 42").unwrap(), 30_000),
+    };
+    let v2 = record.to_stored().unwrap();
+    assert_golden("dedup record, version 2", &v2, GOLDEN_DEDUP_RECORD_V2);
+    assert_eq!(DedupRecord::from_stored(&v2).unwrap(), record);
+    let old_reader: DedupRecord = postcard::from_bytes(&v2).unwrap();
+    assert_eq!(old_reader, DedupRecord { fingerprint: AcquireFingerprint::UNKNOWN, ..record.clone() });
+
+    let v1_record = DedupRecord { fingerprint: AcquireFingerprint::UNKNOWN, ..record };
+    let v1 = v1_record.to_stored().unwrap();
+    assert_golden("dedup record, version 1", &v1, GOLDEN_DEDUP_RECORD_V1);
+    assert_eq!(v1, encode(&v1_record), "version 1 is the serde form");
+    assert_eq!(DedupRecord::from_stored(&v1).unwrap(), v1_record);
+    assert!(DedupRecord::from_stored(&[v2.as_slice(), &[1]].concat()).is_err(), "bytes after the fingerprint");
 }
 
 const GOLDEN_ACQUIRE: &str = "
@@ -333,6 +387,8 @@ const GOLDEN_KEY_REGISTRATION: &str = "
 ";
 const GOLDEN_KEY_REPLIES: &str =
     "0000 0001 000280909282e733 000300 000301 000302 000303 00030480c8e2e1c133 010e6e6f7420746865206c6561646572";
+/// The snapshot body of `snapshot_commands` with version-1 dedup records
+/// (before fingerprints): still installed, and handed out as it came.
 const GOLDEN_SNAPSHOT_BODY: &str = "
     b4e0c8abb6ccdbb266020c6a6f62732f6e696768746c79550190e4d0b287d3aeeefedfb7de9af1d9a2a3020d686f7374
     2d312f7069642034320eb0ea010c726571756573742d3030303810b06d010c726571756573742d303030390d686f7374
@@ -347,5 +403,31 @@ const GOLDEN_SNAPSHOT_BODY: &str = "
     d395cb030d98918bd7cf90a7e0940102a01f03010e98918bd7cf90a7e094010009a846060eb19b8bd7cff0a7e0940101
     0bf855070efe978bd7cfd0a7e09401020dc86501046e312d612901fd1724385aa0c75b64fb78cd602fa1d991fdebf76b
     13c58ed702eac835e9f6180a01b8850601e807
+";
+/// The snapshot body of `snapshot_commands` since dedup records carry
+/// their fingerprint (record version 2); the format (4) and the header are
+/// the same.
+const GOLDEN_SNAPSHOT_BODY_DEDUP_V2: &str = "
+    b4e0c8abb6ccdbb266020c6a6f62732f6e696768746c79550190e4d0b287d3aeeefedfb7de9af1d9a2a3020d686f7374
+    2d312f7069642034320eb0ea010c726571756573742d3030303810b06d010c726571756573742d303030390d686f7374
+    2d312f706964203432b0ea0109086f72646572732f312501030d686f73742d312f70696420343209b0ea010c72657175
+    6573742d3030303309a8460009dea7fde2ad8da9f6d6b5eea5c783f095a1211698918bd7cf90a7e0940104c03ef3fbde
+    a6a585c19f0d87da949089e498e185f685e9c7e989d0ac221bb19b8bd7cff0a7e0940100060a987500904eb3b3848391
+    baf8a354dc9284fbf998f2c5b1b0d79af3a7e3d0bc252dffe69e98f0beb4e384010090e4d0b287d3aeeefedfb7de9af1
+    d9a2a3020eb0ea0100b06df3fbdea6a585c19f0d8c8dcae6a2e9d6b3d1e9bb85cbf49e8c836f1c98918bd7cf90a7e094
+    01000309b0ea0101a846f3fbdea6a585c19f0d9984f4f1a0cbfcd4bae9b3eb8c899fa3aaca021798918bd7cf90a7e094
+    010302d836f3fbdea6a585c19f0de7b890bbe583b49ec5ff81e298b892e6e18c031cfe978bd7cfd0a7e0940100070cb0
+    ea0100e05df3fbdea6a585c19f0daaeefd98d0fdaddfe2a1d3beeabbb9f28d8f031c98918bd7cf90a7e09401000103b0
+    ea0100b817f3fbdea6a585c19f0db3f7c3afe7e8f2edcaaa98a4a5d9abb4a5a10317ffe69e98f0beb4e3840101099875
+    f3fbdea6a585c19f0dfbbf82fcdfe48ceae3c8bcf986b0fbd395cb031698918bd7cf90a7e0940102a01ff3fbdea6a585
+    c19f0d03010e98918bd7cf90a7e094010009a846060eb19b8bd7cff0a7e09401010bf855070efe978bd7cfd0a7e09401
+    020dc86501046e312d612901fd1724385aa0c75b64fb78cd602fa1d991fdebf76b13c58ed702eac835e9f6180a01b885
+    0601e807
+";
+const GOLDEN_DEDUP_RECORD_V1: &str =
+    "dfc3a5fbe4bee691a6010090e4d0b287d3aeeefedfb7de9af1d9a2a3029221b0ea0101fbc8e2e1c133";
+const GOLDEN_DEDUP_RECORD_V2: &str = "
+    dfc3a5fbe4bee691a6010090e4d0b287d3aeeefedfb7de9af1d9a2a3029221b0ea0101fbc8e2e1c133f3fbdea6a585c1
+    9f0d
 ";
 const GOLDEN_SNAPSHOT_HEADER: &str = "09000000040101011100000000";

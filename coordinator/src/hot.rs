@@ -94,6 +94,20 @@ pub enum HotOrder {
     Hold,
 }
 
+impl std::str::FromStr for HotOrder {
+    type Err = ();
+
+    /// The name used in queries.
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "acquires" => Ok(Self::Acquires),
+            "waiters" => Ok(Self::Waiters),
+            "hold" => Ok(Self::Hold),
+            _ => Err(()),
+        }
+    }
+}
+
 impl HotOrder {
     /// The name used in queries.
     pub fn as_str(self) -> &'static str {

@@ -118,15 +118,17 @@ pub use self::network::{FaultAction, Faults};
 pub use self::node::{MAX_REQUEST_BYTES, Node, NodeConfig, StartError};
 pub use self::policy::Policy;
 pub use self::raft::{RaftHandle, TypeConfig};
+pub use self::server::ConnectionLimits;
 pub use self::service::{
     AcquireRequest, ForceReleased, Granted, Health, LockError, LockService, LockView, MemberView, Released, Renewed,
     StatusView,
 };
 pub use self::signing::{SIGNING_DIR, SigningKeyError, SigningKeyView, key_set};
 pub use self::state_machine::{
-    AcquireCmd, Applied, CancelOutcome, Changes, Command, DedupOutcome, DedupRecord, EndReason, EndedLease, Event,
-    Grant, KeyChange, KeyRefusal, LockRecord, LockState, LogCommand, Outcome, Quota, QuotaLimit, Rejection, RequestKey,
-    ResourceHash, ResourceState, SigningKeyRecord, Waiter, current_signing_key,
+    AcquireCmd, AcquireFingerprint, Applied, CancelOutcome, Changes, Command, DedupOutcome, DedupRecord, EndReason,
+    EndedGrant, EndedLease, Event, Grant, KeyChange, KeyRefusal, LockRecord, LockState, LogCommand, Outcome, Quota,
+    QuotaLimit, Rejection, RequestKey, ResourceHash, ResourceState, Reuse, SigningKeyRecord, Waiter,
+    current_signing_key,
 };
 pub use self::store::{
     ApplyObserver, LOG_FILE, LogReader, LogStore, NoObserver, SNAPSHOT_DIR, STATE_FILE, StateMachineStore,

@@ -92,6 +92,9 @@ pub struct Metrics {
     pub renew_failures: Counter,
     /// Acquires answered from the dedup table (retries).
     pub dedup_hits: Counter,
+    /// Connections closed at accept because the port had its maximum open
+    /// (`ConnectionLimits::max_connections`).
+    pub connections_refused: Counter,
     /// Times this node saw the cluster's leader change.
     pub leader_changes: Counter,
     /// Current raft term.
@@ -163,6 +166,7 @@ impl Metrics {
             expirations: Counter::default(),
             renew_failures: Counter::default(),
             dedup_hits: Counter::default(),
+            connections_refused: Counter::default(),
             leader_changes: Counter::default(),
             term: Gauge::default(),
             is_leader: Gauge::default(),
@@ -227,6 +231,11 @@ impl Metrics {
         r.register("lease_expirations", "Leases ended by expiry", m.expirations.clone());
         r.register("renew_failures", "Renewals refused", m.renew_failures.clone());
         r.register("dedup_hits", "Acquires answered from the request-id table", m.dedup_hits.clone());
+        r.register(
+            "connections_refused",
+            "Connections closed at accept because the port had its maximum open",
+            m.connections_refused.clone(),
+        );
         r.register("leader_changes", "Leader changes seen by this node", m.leader_changes.clone());
         r.register("raft_term", "Current raft term", m.term.clone());
         r.register("raft_is_leader", "1 when this node is the leader", m.is_leader.clone());

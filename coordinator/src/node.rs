@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::ClientTlsConfig;
 
-use crate::api::{AdminApi, LockApi, router, status_router};
+use crate::api::{AdminApi, LockApi, router, status_router, with_json_errors};
 use crate::audit::{AuditConfig, AuditLog};
 use crate::bootstrap::{self, ClusterId, Identity, PristineStep};
 use crate::clock::Clock;
@@ -30,6 +30,7 @@ use crate::metrics::Metrics;
 use crate::network::{Faults, MAX_RAFT_MESSAGE, NetworkFactory, RaftService};
 use crate::policy::Policy;
 use crate::raft::{RaftHandle, TypeConfig};
+use crate::server::ConnectionLimits;
 use crate::service::{LockService, ServiceInner, register_keys};
 use crate::signing::NodeKeys;
 use crate::state_machine::{AcquireCmd, Applied, Event, Grant, LockState, LogCommand};
@@ -93,6 +94,9 @@ pub struct NodeConfig {
     /// Tenants (identities, permissions, limits); `None`: every caller may
     /// do everything (the insecure default).
     pub tenants: Option<Arc<Tenants>>,
+    /// The bounds of every connection to the node's ports (first byte,
+    /// head, body, number); defaults in [`ConnectionLimits::default`].
+    pub connections: ConnectionLimits,
 }
 
 impl NodeConfig {
@@ -115,6 +119,7 @@ impl NodeConfig {
             log_control: None,
             tls: None,
             tenants: None,
+            connections: ConnectionLimits::default(),
         }
     }
 
@@ -498,16 +503,26 @@ impl Node {
             .max_decoding_message_size(MAX_RAFT_MESSAGE)
             .max_encoding_message_size(MAX_RAFT_MESSAGE),
         );
-        let app = grpc
-            .routes()
-            .into_axum_router()
-            .merge(router(svc.clone(), metrics.clone(), auth.clone()))
-            .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
-        let server = tokio::spawn(crate::server::serve(listener, app, server_tls, shutdown_rx.clone(), SHUTDOWN_GRACE));
+        let app = with_json_errors(grpc.routes().into_axum_router().merge(router(
+            svc.clone(),
+            metrics.clone(),
+            auth.clone(),
+        )))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
+        let (limits, refused) = (config.connections.clone(), metrics.connections_refused.clone());
+        let server = tokio::spawn(crate::server::serve(
+            listener,
+            app,
+            server_tls,
+            limits.clone(),
+            refused.clone(),
+            shutdown_rx.clone(),
+            SHUTDOWN_GRACE,
+        ));
         let status_server = status_listener.map(|l| {
-            let app = status_router(svc.clone(), metrics.clone(), auth.clone())
+            let app = with_json_errors(status_router(svc.clone(), metrics.clone(), auth.clone()))
                 .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
-            tokio::spawn(crate::server::serve(l, app, None, shutdown_rx.clone(), SHUTDOWN_GRACE))
+            tokio::spawn(crate::server::serve(l, app, None, limits, refused, shutdown_rx.clone(), SHUTDOWN_GRACE))
         });
 
         let mut tasks = Vec::new();

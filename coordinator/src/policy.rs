@@ -7,7 +7,7 @@ use crate::types::InvalidField;
 /// Bounds and defaults applied to lock requests. Every limit is explicit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
-    /// Lease length when the request says 0.
+    /// Lease length when the request gives none.
     pub default_ttl: Duration,
     /// Shortest lease accepted; at least 1.5 × the election timeout.
     pub min_ttl: Duration,
@@ -48,11 +48,13 @@ impl Policy {
         }
     }
 
-    /// The ttl to use for a request, or why it is refused (never clamped).
-    pub fn ttl(&self, requested_ms: u64) -> Result<Duration, InvalidField> {
-        if requested_ms == 0 {
+    /// The ttl to use for a request, or why it is refused (never clamped):
+    /// none asked for → the default; an explicit value, 0 included, must be
+    /// within the bounds.
+    pub fn ttl(&self, requested_ms: Option<u64>) -> Result<Duration, InvalidField> {
+        let Some(requested_ms) = requested_ms else {
             return Ok(self.default_ttl);
-        }
+        };
         let (min, max) = (self.min_ttl.as_millis() as u64, self.max_ttl.as_millis() as u64);
         if requested_ms < min || requested_ms > max {
             return Err(InvalidField::Ttl { value: requested_ms, min, max });
@@ -78,10 +80,16 @@ mod tests {
     fn ttl_outside_bounds_is_refused_not_clamped() {
         let p = Policy::for_election_timeout(Duration::from_secs(2));
         assert_eq!(p.min_ttl, Duration::from_secs(3));
-        assert_eq!(p.ttl(0).unwrap(), Duration::from_secs(30));
-        assert!(matches!(p.ttl(2999), Err(InvalidField::Ttl { value: 2999, min: 3000, max: 600_000 })));
-        assert!(p.ttl(600_001).is_err());
-        assert_eq!(p.ttl(3000).unwrap(), Duration::from_secs(3));
+        assert_eq!(p.ttl(None).unwrap(), Duration::from_secs(30), "none asked for: the default");
+        assert!(
+            matches!(p.ttl(Some(0)), Err(InvalidField::Ttl { value: 0, min: 3000, max: 600_000 })),
+            "an explicit 0 is refused, not replaced by the default"
+        );
+        assert!(matches!(p.ttl(Some(2999)), Err(InvalidField::Ttl { value: 2999, min: 3000, max: 600_000 })));
+        assert!(p.ttl(Some(600_001)).is_err());
+        assert_eq!(p.ttl(Some(600_000)).unwrap(), Duration::from_secs(600), "the maximum itself");
+        assert_eq!(p.ttl(Some(3000)).unwrap(), Duration::from_secs(3));
+        assert_eq!(p.wait(300_000).unwrap(), Duration::from_secs(300), "the maximum itself");
         assert!(p.wait(300_001).is_err());
         assert_eq!(p.wait(0).unwrap(), Duration::ZERO);
     }

@@ -6,8 +6,12 @@
 //! With TLS, every connection passes the handshake (bounded in time) before
 //! any byte of HTTP is read, so a plaintext client is refused there; what the
 //! handshake showed ([`ConnInfo`]) travels with each request as an
-//! extension. Connections are bounded in number and idle HTTP/1 connections
-//! are closed.
+//! extension. Every connection is bounded ([`ConnectionLimits`]): in
+//! number (above the limit a connection is closed at once, logged and
+//! counted in `fencer_connections_refused_total`), in the time to its first
+//! byte, to the end of each request head (which on HTTP/1 also bounds an
+//! idle keep-alive connection) and of each JSON body; idle HTTP/2
+//! connections are pinged and closed when the pings go unanswered.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,12 +28,6 @@ use tower::ServiceExt as _;
 
 use crate::tls::{ConnInfo, ServerTls};
 
-/// Connections open at once on one port (TLS handshakes included); more
-/// wait in the kernel's backlog.
-pub(crate) const MAX_CONNECTIONS: usize = 4096;
-/// Time to send a request's head on HTTP/1 (also closes idle keep-alive
-/// connections).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest HTTP/1 request head; the HTTP/2 header list bound.
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Concurrent HTTP/2 streams per connection.
@@ -40,6 +38,46 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The bounds of every connection to a node's ports (docs/coordinator.md
+/// "Connections"), in the node's config (`NodeConfig::connections`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections open at once on one port (TLS handshakes included); one
+    /// more is closed as soon as it is accepted. Default 4096.
+    pub max_connections: usize,
+    /// Time from accept to the connection's first byte (a TLS hello or a
+    /// request); a silent connection is closed. Default 10 s.
+    pub first_byte_timeout: Duration,
+    /// Time to send an HTTP/1 request head, counted from the connection's
+    /// first byte or, on a keep-alive connection, from the end of the
+    /// previous answer: so also the idle keep-alive timeout. Default 10 s.
+    pub header_timeout: Duration,
+    /// Time to send a JSON request body, counted from the end of its head
+    /// (408 `BODY_TIMEOUT` after it). gRPC bodies are bounded by their
+    /// message size and the HTTP/2 keep-alive instead. Default 10 s.
+    pub body_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            first_byte_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The body timeout of a connection's requests, as a request extension
+/// (read by the JSON body extractor).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyTimeout(pub(crate) Duration);
+
+/// At most one "connection refused" warning per this long per port; the
+/// counter counts every one.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// Serves `app` on `listener` until `shutdown` turns true, then stops
 /// accepting, asks every connection to finish (HTTP/2 GOAWAY) and waits at
 /// most `grace` before dropping the rest.
@@ -47,14 +85,17 @@ pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     tls: Option<ServerTls>,
+    limits: ConnectionLimits,
+    refused: prometheus_client::metrics::counter::Counter,
     mut shutdown: watch::Receiver<bool>,
     grace: Duration,
 ) {
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let mut last_refusal_logged: Option<tokio::time::Instant> = None;
     let mut builder = Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).max_buf_size(MAX_HEADER_BYTES);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_buf_size(MAX_HEADER_BYTES);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -63,15 +104,6 @@ pub(crate) async fn serve(
         .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
         .max_header_list_size(MAX_HEADER_BYTES as u32);
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => p.expect("the connection semaphore is never closed"),
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    break;
-                }
-                continue;
-            }
-        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
@@ -83,10 +115,39 @@ pub(crate) async fn serve(
                         continue;
                     }
                 };
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    // Full: closed at once rather than left in the backlog,
+                    // where it would wait unseen for a slot.
+                    refused.inc();
+                    let now = tokio::time::Instant::now();
+                    if last_refusal_logged.is_none_or(|t| now.duration_since(t) >= REFUSAL_LOG_EVERY) {
+                        last_refusal_logged = Some(now);
+                        tracing::warn!(
+                            %peer,
+                            max_connections = limits.max_connections,
+                            refused_total = refused.get(),
+                            "connection refused: the port has its maximum of open connections"
+                        );
+                    }
+                    drop(stream);
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 let (tls, app, builder, watcher) = (tls.clone(), app.clone(), builder.clone(), graceful.watcher());
+                let (first_byte_timeout, body_timeout) = (limits.first_byte_timeout, BodyTimeout(limits.body_timeout));
                 connections.spawn(async move {
                     let _permit = permit;
+                    // Nothing is read before the first byte, not even by the
+                    // HTTP version detection, which has no timer of its own.
+                    let mut first = [0u8; 1];
+                    match tokio::time::timeout(first_byte_timeout, stream.peek(&mut first)).await {
+                        Ok(Ok(n)) if n > 0 => {}
+                        Ok(_) => return,
+                        Err(_) => {
+                            tracing::debug!(%peer, "no byte within {first_byte_timeout:?}; connection closed");
+                            return;
+                        }
+                    }
                     let (stream, info) = match tls {
                         None => (tokio_util::either::Either::Left(stream), ConnInfo::default()),
                         Some(tls) => {
@@ -109,6 +170,7 @@ pub(crate) async fn serve(
                     };
                     let service = TowerToHyperService::new(app.map_request(move |mut req: http::Request<hyper::body::Incoming>| {
                         req.extensions_mut().insert(info.clone());
+                        req.extensions_mut().insert(body_timeout);
                         req
                     }));
                     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);

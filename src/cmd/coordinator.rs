@@ -47,6 +47,47 @@ pub(crate) struct ObservabilityArgs {
     hot_capacity: u32,
 }
 
+/// The bounds of every connection to the node's ports (docs/coordinator.md
+/// "Connections"): flags of `fencer coordinator` and `fencer dev`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ConnectionArgs {
+    /// Connections open at once on a port; one more is closed at accept,
+    /// logged and counted (fencer_connections_refused_total).
+    #[arg(long, env = "FENCER_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_connections: u32,
+    /// A connection that sends no byte (no TLS hello, no request) this long
+    /// after accept is closed.
+    #[arg(long, env = "FENCER_FIRST_BYTE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    first_byte_timeout: Duration,
+    /// Time to send an HTTP/1 request head (from the first byte, or from the
+    /// previous answer on a keep-alive connection: also the idle timeout).
+    #[arg(long, env = "FENCER_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    header_timeout: Duration,
+    /// Time to send a JSON request body after its head (408 BODY_TIMEOUT).
+    #[arg(long, env = "FENCER_BODY_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    body_timeout: Duration,
+}
+
+impl ConnectionArgs {
+    /// Sets the node's connection bounds; a zero timeout is refused.
+    pub(crate) fn apply(&self, config: &mut NodeConfig) -> anyhow::Result<()> {
+        for (flag, d) in [
+            ("--first-byte-timeout", self.first_byte_timeout),
+            ("--header-timeout", self.header_timeout),
+            ("--body-timeout", self.body_timeout),
+        ] {
+            anyhow::ensure!(!d.is_zero(), "{flag} must be above 0");
+        }
+        config.connections = fencer_coordinator::ConnectionLimits {
+            max_connections: self.max_connections as usize,
+            first_byte_timeout: self.first_byte_timeout,
+            header_timeout: self.header_timeout,
+            body_timeout: self.body_timeout,
+        };
+        Ok(())
+    }
+}
+
 impl ObservabilityArgs {
     /// Puts these settings into a node's configuration.
     pub(crate) fn apply(&self, config: &mut NodeConfig, log: Arc<LogFilter>) {
@@ -171,6 +212,8 @@ pub(crate) struct CoordinatorArgs {
 
     #[command(flatten)]
     observability: ObservabilityArgs,
+    #[command(flatten)]
+    connections: ConnectionArgs,
 
     #[command(flatten)]
     tls: TlsArgs,
@@ -225,6 +268,7 @@ pub(crate) async fn run(args: CoordinatorArgs, log: Arc<LogFilter>) -> anyhow::R
     config.election_timeout = (args.election_timeout, args.election_timeout * 2);
     config.snapshot_every = args.snapshot_every;
     args.observability.apply(&mut config, log);
+    args.connections.apply(&mut config)?;
     config.tls = args.tls.node_tls();
     config.tenants = load_tenants(args.tenants.as_ref()).await?;
     let peers_authenticated = config.tls.as_ref().is_some_and(|t| t.peer_ca_file.is_some());

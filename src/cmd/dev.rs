@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use fencer_coordinator::{DEFAULT_TLS_HANDSHAKE_TIMEOUT, DevPki, Node, NodeConfig, NodeTls};
 
-use super::coordinator::ObservabilityArgs;
+use super::coordinator::{ConnectionArgs, ObservabilityArgs};
 use super::log_level::LogFilter;
 
 /// Arguments of `fencer dev`.
@@ -36,11 +36,14 @@ pub(crate) struct DevArgs {
 
     #[command(flatten)]
     observability: ObservabilityArgs,
+    #[command(flatten)]
+    connections: ConnectionArgs,
 }
 
 pub(crate) async fn run(args: DevArgs, log: Arc<LogFilter>) -> anyhow::Result<ExitCode> {
     let mut config = NodeConfig::single(&args.data_dir, args.listen);
     args.observability.apply(&mut config, log);
+    args.connections.apply(&mut config)?;
     let pki = if args.tls {
         let dir = args.data_dir.join("tls");
         let pki = tokio::task::spawn_blocking(move || DevPki::load_or_create(&dir))

@@ -127,7 +127,7 @@ pub(crate) async fn run(args: ExecArgs) -> anyhow::Result<ExitCode> {
     let lease = match lock.acquire(&client, &args.resource).await {
         Ok(lease) => lease,
         Err(e) => {
-            report_acquire(output, &e);
+            report_acquire(output, &e, &lock);
             return Ok(exit::exec_for_error(e.client_error()));
         }
     };

@@ -16,7 +16,7 @@ use serde_json::json;
 use super::lock::{ClientArgs, fail};
 use super::parse_duration;
 use crate::exit;
-use crate::output::{OutputFormat, print_json, print_table};
+use crate::output::{OutputFormat, out, print_json, print_table};
 
 /// Arguments of `fencer keys`.
 #[derive(Debug, clap::Args)]
@@ -124,7 +124,7 @@ pub(crate) async fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
                     let kids: Vec<&str> = set.keys.iter().map(|k| k.kid.as_str()).collect();
                     eprintln!("fencer: wrote {} key(s) to {}: {}", kids.len(), path.display(), kids.join(", "));
                 }
-                None => print!("{}", set.to_json()),
+                None => out!("{}", set.to_json()),
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 pub(crate) use super::client_args::ClientArgs;
 use super::parse_duration;
 use crate::exit;
-use crate::output::{OutputFormat, print_json, print_table};
+use crate::output::{OutputFormat, outln, print_json, print_table};
 
 /// Prints a client error (stderr; and stdout as JSON with `-o json`) and
 /// returns its exit code.
@@ -47,7 +47,7 @@ fn show(output: OutputFormat, value: &Value) -> anyhow::Result<()> {
                     .map(|(k, v)| vec![k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_string)])
                     .collect();
                 for row in rows {
-                    println!("{:<20} {}", row[0], row[1]);
+                    outln!("{:<20} {}", row[0], row[1]);
                 }
             }
             Ok(())
@@ -101,12 +101,53 @@ pub(crate) struct AcquireArgs {
 }
 
 /// Prints an acquire failure (see [`report`]); an unknown outcome also names
-/// the request id to retry with.
-pub(crate) fn report_acquire(output: OutputFormat, e: &AcquireError) {
+/// the request id to retry with, and a refused `--ttl` or `--wait` is
+/// restated in the units the flag was given in ([`bounds_hint`]).
+pub(crate) fn report_acquire(output: OutputFormat, e: &AcquireError, lock: &LockArgs) {
     if let AcquireError::Unavailable { request_id, .. } = e {
         eprintln!("fencer: the outcome is unknown; retry with --request-id {request_id} to learn it");
     }
-    report(output, e.client_error());
+    match bounds_hint(e.client_error(), lock) {
+        // The flag in its units instead of the wire's milliseconds.
+        Some(hint) => {
+            eprintln!("fencer: {hint} (INVALID_ARGUMENT)");
+            if output == OutputFormat::Json {
+                let e = e.client_error();
+                let _ = print_json(
+                    &json!({ "error": { "reason": "INVALID_ARGUMENT", "message": hint, "metadata": e.metadata() } }),
+                );
+            }
+        }
+        None => report(output, e.client_error()),
+    }
+}
+
+/// A ttl or wait the coordinator refused, said with the flag and in its
+/// units (`--wait 10m is above the coordinator's maximum of 5m`), from the
+/// bounds the refusal carries (metadata `max_ms`, `min_ms`), not in the
+/// milliseconds of the wire.
+pub(crate) fn bounds_hint(e: &ClientError, lock: &LockArgs) -> Option<String> {
+    let ClientError::Refused { reason: fencer_client::Reason::InvalidArgument, metadata, .. } = e else {
+        return None;
+    };
+    let ms = |key: &str| metadata.get(key).and_then(|v| v.parse::<u64>().ok()).map(Duration::from_millis);
+    let human = |d: Duration| humantime::format_duration(d).to_string().replace(' ', "");
+    let (flag, given) = match metadata.get("field").map(String::as_str) {
+        Some("ttl_ms") => ("--ttl", lock.ttl),
+        Some("wait_timeout_ms") => ("--wait", lock.wait),
+        _ => return None,
+    };
+    let max = ms("max_ms")?;
+    Some(match ms("min_ms") {
+        Some(min) if given < min || given > max => format!(
+            "{flag} {} is outside the coordinator's bounds: at least {}, at most {}",
+            human(given),
+            human(min),
+            human(max)
+        ),
+        _ if given > max => format!("{flag} {} is above the coordinator's maximum of {}", human(given), human(max)),
+        _ => return None,
+    })
 }
 
 pub(crate) async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
@@ -134,7 +175,7 @@ pub(crate) async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            report_acquire(args.client.output, &e);
+            report_acquire(args.client.output, &e, &args.lock);
             Ok(exit::for_error(e.client_error()))
         }
     }

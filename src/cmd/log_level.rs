@@ -13,7 +13,7 @@ use tracing_subscriber::reload;
 use tracing_subscriber::{EnvFilter, Registry};
 
 use super::node_http;
-use crate::output::{OutputFormat, print_json};
+use crate::output::{OutputFormat, outln, print_json};
 
 /// The process's log filter, replaceable at run time. It reports the
 /// filter as the operator wrote it.
@@ -100,7 +100,7 @@ pub(crate) async fn run(args: LogLevelArgs) -> anyhow::Result<ExitCode> {
     match args.output {
         OutputFormat::Json => print_json(&answer)?,
         OutputFormat::Table => {
-            println!("{}", answer["filter"].as_str().unwrap_or_default());
+            outln!("{}", answer["filter"].as_str().unwrap_or_default());
             if let Some(previous) = answer["previous"].as_str() {
                 eprintln!("was: {previous}");
             }

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::lock::ClientArgs;
 use crate::exit;
-use crate::output::{OutputFormat, print_json, print_table};
+use crate::output::{OutputFormat, outln, print_json, print_table};
 
 /// Arguments of `fencer member`.
 #[derive(Debug, clap::Args)]
@@ -149,7 +149,7 @@ fn show(output: OutputFormat, r: &MembershipResponse) -> anyhow::Result<()> {
             "members": r.members.iter().map(|m| json!({"id": m.id, "addr": m.addr, "role": m.role})).collect::<Vec<_>>(),
         })),
         OutputFormat::Table => {
-            println!("membership committed at log index {}", r.log_index);
+            outln!("membership committed at log index {}", r.log_index);
             let rows: Vec<Vec<String>> =
                 r.members.iter().map(|m| vec![m.id.to_string(), m.addr.clone(), m.role.clone()]).collect();
             print_table(&["NODE", "ADDRESS", "ROLE"], &rows);

@@ -13,7 +13,7 @@ use fencer_proxy::{
 
 use super::log_level::LogFilter;
 
-use crate::output::{OutputFormat, print_json, print_table};
+use crate::output::{OutputFormat, outln, print_json, print_table};
 
 /// Arguments of `fencer proxy`.
 #[derive(Debug, clap::Args)]
@@ -200,7 +200,7 @@ pub(crate) async fn run_proxy(args: ProxyArgs, log: Arc<LogFilter>) -> anyhow::R
         };
         let Some(http) = config.http() else {
             let pg = config.postgres().context("a PostgreSQL configuration")?;
-            println!(
+            outln!(
                 "configuration OK: PostgreSQL sidecar, listen {}{tls}, upstream {}, resource {}, admin {}, data dir {}",
                 config.listen,
                 pg.upstream,
@@ -208,12 +208,12 @@ pub(crate) async fn run_proxy(args: ProxyArgs, log: Arc<LogFilter>) -> anyhow::R
                 config.admin,
                 config.data_dir.display()
             );
-            println!("{signing}");
-            println!(
+            outln!("{signing}");
+            outln!(
                 "read-only users: {}",
                 if pg.read_only_users.is_empty() { "none".to_owned() } else { pg.read_only_users.join(", ") }
             );
-            println!(
+            outln!(
                 "drain_timeout {:?}, statement_timeout {}, idle_timeout {:?}, older transactions ended by: {}",
                 pg.drain_timeout,
                 pg.statement_timeout.map_or_else(|| "off".to_owned(), |t| format!("{t:?}")),
@@ -225,14 +225,14 @@ pub(crate) async fn run_proxy(args: ProxyArgs, log: Arc<LogFilter>) -> anyhow::R
             );
             return Ok(ExitCode::SUCCESS);
         };
-        println!(
+        outln!(
             "configuration OK: listen {}{tls}, upstream {}, admin {}, data dir {}",
             config.listen,
             http.upstream,
             config.admin,
             config.data_dir.display()
         );
-        println!("{signing}");
+        outln!("{signing}");
         let rows: Vec<Vec<String>> = http
             .router
             .routes()
@@ -296,10 +296,26 @@ fn opt<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
+/// A proxy admin call that failed, explained when `addr` is in fact a
+/// coordinator's port (it answers `/v1/status` with a cluster id): the
+/// usual mistake, which would otherwise read as a parse error.
+async fn not_a_coordinator(addr: &str, e: anyhow::Error) -> anyhow::Error {
+    match super::node_http::call(hyper::Method::GET, addr, "/v1/status", None, ADMIN_TIMEOUT).await {
+        Ok(status) if status.get("cluster_id").is_some_and(serde_json::Value::is_string) => anyhow::anyhow!(
+            "{addr} is a fencer coordinator, not a proxy admin port (the proxy's admin address is its `admin` \
+             setting, default {DEFAULT_ADMIN_ADDR}; pass it with --admin)"
+        ),
+        _ => e,
+    }
+}
+
 pub(crate) async fn run_rejections(args: RejectionsArgs) -> anyhow::Result<ExitCode> {
     let client = AdminClient::new(&args.admin, ADMIN_TIMEOUT)?.with_token_from_env()?;
     let limit = usize::try_from(args.limit).unwrap_or(fencer_proxy::MAX_PAGE);
-    let page = client.rejections(args.before, limit).await?;
+    let page = match client.rejections(args.before, limit).await {
+        Ok(page) => page,
+        Err(e) => return Err(not_a_coordinator(&args.admin, e.into()).await),
+    };
     match args.output {
         OutputFormat::Json => print_json(&page)?,
         OutputFormat::Table => {
@@ -350,14 +366,19 @@ pub(crate) async fn run_proxy_status(args: ProxyStatusArgs) -> anyhow::Result<Ex
     let client = AdminClient::new(&args.admin, ADMIN_TIMEOUT)?.with_token_from_env()?;
     let page = match &args.resource {
         Some(name) => {
-            let status = client.resource(name).await?;
+            let status = match client.resource(name).await {
+                Ok(status) => status,
+                Err(e) => return Err(not_a_coordinator(&args.admin, e.into()).await),
+            };
             let floor = client.resources(None, 1).await?.floor;
             fencer_proxy::ResourcesPage { floor, resources: vec![status], next_after: None }
         }
         None => {
-            client
-                .resources(args.after.as_deref(), usize::try_from(args.limit).unwrap_or(fencer_proxy::MAX_PAGE))
-                .await?
+            let limit = usize::try_from(args.limit).unwrap_or(fencer_proxy::MAX_PAGE);
+            match client.resources(args.after.as_deref(), limit).await {
+                Ok(page) => page,
+                Err(e) => return Err(not_a_coordinator(&args.admin, e.into()).await),
+            }
         }
     };
     match args.output {

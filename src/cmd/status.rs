@@ -12,7 +12,7 @@ use fencer_client::{Client, StatusResponse};
 use serde_json::{Value, json};
 
 use super::lock::{ClientArgs, fail};
-use crate::output::{OutputFormat, print_json, print_table};
+use crate::output::{OutputFormat, outln, print_json, print_table};
 
 /// How long one node may take to answer a status call.
 const NODE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -152,7 +152,7 @@ pub(crate) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             "unreachable": views.unreachable.keys().collect::<Vec<_>>(),
         }))?,
         OutputFormat::Table => {
-            println!(
+            outln!(
                 "cluster {}  leader {}  term {}  last index {}  commit index {}  locks {}  waiters {}",
                 if best.cluster_id.is_empty() { "(forming)" } else { &best.cluster_id },
                 if best.has_leader { format!("{} ({})", best.leader_id, best.leader_addr) } else { "none".into() },

@@ -9,7 +9,7 @@ use hyper::Method;
 
 use super::lock::ClientArgs;
 use super::{node_http, parse_duration};
-use crate::output::{OutputFormat, print_json, print_table};
+use crate::output::{OutputFormat, out, outln, print_json, print_table};
 
 /// How long one node may take to answer.
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -92,9 +92,13 @@ fn secs(s: Option<f64>) -> String {
 }
 
 fn print(hot: &HotResources) {
-    println!(
+    outln!(
         "node {}  by {}  tracking {} of {} resources  rates decay with a {:.0}s half-life",
-        hot.node_id, hot.by, hot.tracked, hot.capacity, hot.half_life_secs
+        hot.node_id,
+        hot.by,
+        hot.tracked,
+        hot.capacity,
+        hot.half_life_secs
     );
     let rows: Vec<Vec<String>> = hot
         .resources
@@ -120,10 +124,10 @@ pub(crate) async fn run(args: TopArgs) -> anyhow::Result<ExitCode> {
         (Some(every), OutputFormat::Table) => loop {
             let hot = fetch(&args).await;
             // Clear the screen and go home, as top does.
-            print!("\x1b[2J\x1b[H");
+            out!("\x1b[2J\x1b[H");
             match hot {
                 Ok(hot) => print(&hot),
-                Err(e) => println!("fencer: {e:#}"),
+                Err(e) => outln!("fencer: {e:#}"),
             }
             tokio::select! {
                 () = tokio::time::sleep(every) => {}

@@ -81,7 +81,7 @@ pub fn acquire_req(resource: &str, request_id: &str, ttl_ms: u64, wait_ms: u64) 
     AcquireRequest {
         resource: resource.into(),
         request_id: request_id.into(),
-        ttl_ms,
+        ttl_ms: Some(ttl_ms),
         wait_timeout_ms: wait_ms,
         holder: format!("test/{request_id}"),
     }

@@ -269,8 +269,9 @@ impl Raft for Forward {
 impl Lock for Forward {
     async fn acquire(&self, req: Request<AcquireRequest>) -> Result<Response<AcquireResponse>, Status> {
         let req = req.into_inner();
-        let call =
-            Call::Acquire { resource: req.resource.clone(), request_id: req.request_id.clone(), ttl_ms: req.ttl_ms };
+        // The history records the ttl asked for; 0 when none was (the server's default).
+        let ttl_ms = req.ttl_ms.unwrap_or(0);
+        let call = Call::Acquire { resource: req.resource.clone(), request_id: req.request_id.clone(), ttl_ms };
         let sent = self.now();
         let r = self.lock.clone().acquire(req).await;
         let answer = match &r {

@@ -7,5 +7,6 @@
 //! - `t49_cli` — completions, `FENCER_*` variables, usage errors.
 
 mod t30_dev_restart;
+mod t39_python_recipe;
 mod t48_exec;
 mod t49_cli;

@@ -84,3 +84,52 @@ fn t49_a_snapshot_interval_below_the_minimum_is_refused_not_raised() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--snapshot-every") && err.contains("1000"), "{err}");
 }
+
+/// Issue 15 items 2, 3, 7 and 10 at the command line, on a real `fencer
+/// dev`: an explicit `--ttl 0s` is refused with the bounds (never the
+/// default in its place), a `--wait` above the maximum is refused in the
+/// units it was typed in and the maximum itself is taken, `fencer
+/// rejections` pointed at a coordinator says so, and output to a closed
+/// pipe ends quietly.
+#[test]
+fn t49_refusals_speak_the_flags_units_and_a_closed_pipe_is_quiet() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let ep = format!("127.0.0.1:{port}");
+    let mut node = spawn_dev(&tmp.path().join("data"), port, &tmp.path().join("dev.log"));
+
+    let (code, _, err) = run_env(&["acquire", "cli/ttl", "--ttl", "0s", "--endpoints", &ep], &[]);
+    assert_eq!(code, 6, "an explicit 0 ttl is refused as invalid: {err}");
+    assert!(err.contains("--ttl 0s is outside the coordinator's bounds: at least "), "{err}");
+    assert!(err.contains("at most 10m"), "{err}");
+
+    let (code, _, err) = run_env(&["acquire", "cli/wait", "--wait", "10m", "--endpoints", &ep], &[]);
+    assert_eq!(code, 6, "{err}");
+    assert!(err.contains("--wait 10m is above the coordinator's maximum of 5m"), "{err}");
+    assert!(!err.contains("599999"), "never the milliseconds left of the wait: {err}");
+    let (code, out, err) = run_env(&["acquire", "cli/wait", "--wait", "5m", "--endpoints", &ep, "-o", "json"], &[]);
+    assert_eq!(code, 0, "the documented maximum itself is taken: {out} {err}");
+
+    let (code, _, err) = run_env(&["rejections", "--admin", &ep], &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(&format!("{ep} is a fencer coordinator, not a proxy admin port")), "{err}");
+    let (code, _, err) = run_env(&["proxy-status", "--admin", &ep], &[]);
+    assert!(code != 0 && err.contains("is a fencer coordinator, not a proxy admin port"), "{err}");
+
+    // `fencer get … | head -0`: the reader is gone before the first line.
+    for args in [&["get", "cli/wait"][..], &["list"][..], &["get", "cli/wait", "-o", "json"][..]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(fencer_bin())
+            .args(args)
+            .args(["--endpoints", &ep])
+            .env("RUST_BACKTRACE", "1")
+            .stdout(writer)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "fencer {args:?} to a closed pipe: {err}");
+        assert!(err.is_empty(), "fencer {args:?} to a closed pipe says nothing: {err}");
+    }
+    node.terminate(std::time::Duration::from_secs(10));
+}

@@ -34,7 +34,7 @@ async fn acquire_direct(h: &History, mut c: LockClient<Channel>, who: &str, reso
     let req = AcquireRequest {
         resource: resource.into(),
         request_id: rid.into(),
-        ttl_ms: TTL,
+        ttl_ms: Some(TTL),
         wait_timeout_ms: 0,
         holder: who.into(),
     };

@@ -17,7 +17,7 @@ fn acquire_req(resource: &str, request_id: &str, ttl_ms: u64) -> AcquireRequest 
     AcquireRequest {
         resource: resource.into(),
         request_id: request_id.into(),
-        ttl_ms,
+        ttl_ms: Some(ttl_ms),
         wait_timeout_ms: 0,
         holder: "t70".into(),
     }

@@ -90,14 +90,18 @@ pub(super) async fn observed<T>(
     .await
 }
 
-/// The body of `POST /v1/acquire`.
+/// The body of `POST /v1/acquire`. Unknown fields are refused (a
+/// misspelt `ttl` must not silently become the default ttl); an absent
+/// `ttl_ms` is the default, an explicit one (0 included) is checked.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct AcquireBody {
+    #[serde(default)]
     resource: String,
     #[serde(default)]
     request_id: String,
     #[serde(default)]
-    ttl_ms: u64,
+    ttl_ms: Option<u64>,
     #[serde(default)]
     wait_timeout_ms: u64,
     #[serde(default)]

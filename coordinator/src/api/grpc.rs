@@ -191,7 +191,6 @@ impl Admin for AdminApi {
             let who = who?;
             who.check(Permission::Admin, &r.resource)?;
             let audit_caller = who.audit_caller(&r.caller);
-            tracing::warn!(caller = %audit_caller, reason = %r.reason, "force-release requested");
             self.svc.force_release(&r.resource, &audit_caller, &r.reason).await
         })
         .await

@@ -3,6 +3,7 @@
 //!
 //! | method | path | body / query |
 //! |---|---|---|
+//! | GET | `/v1/openapi.json` | this API as an OpenAPI 3.1 document (`docs/openapi.json`) |
 //! | POST | `/v1/acquire` | `{resource, request_id?, ttl_ms?, wait_timeout_ms?, holder?}` |
 //! | POST | `/v1/renew` | `{resource, lease_id}` |
 //! | POST | `/v1/release` | `{resource, lease_id}` |
@@ -20,21 +21,22 @@
 //! | GET, PUT | `/v1/admin/log-level` | `{filter}`: read or replace the log filter |
 //!
 //! Errors answer `{"error": {"code", "reason", "message", "metadata"}}` with
-//! the HTTP status of `api::errors::http_status`.
+//! the HTTP status of `api::errors::http_status`; requests the API cannot
+//! take (not JSON, unknown fields, unknown paths) get the same body (`json`).
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use fencer_proto::LEADER_ADDR_HEADER;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::call::{self, AcquireBody, observed};
-use super::errors::{grpc_code, http_status, metadata};
+use super::errors::ApiError;
+use super::json::{JsonBody, Params};
 use crate::clock::Clock;
 use crate::hot::HotOrder;
 use crate::tenants::{Authenticator, Caller, Permission};
@@ -72,6 +74,7 @@ impl axum::extract::FromRequestParts<HttpState> for Who {
 /// The JSON lock API and the status routes.
 pub(crate) fn router(svc: LockService, metrics: Arc<Metrics>, auth: Authenticator) -> Router {
     Router::new()
+        .route("/v1/openapi.json", get(super::openapi::document))
         .route("/v1/acquire", post(acquire))
         .route("/v1/renew", post(renew))
         .route("/v1/release", post(release))
@@ -102,22 +105,7 @@ pub(crate) fn status_router(svc: LockService, metrics: Arc<Metrics>, auth: Authe
 }
 
 fn error_response(e: &LockError) -> Response {
-    let body = json!({
-        "error": {
-            "code": format!("{:?}", grpc_code(e)).to_uppercase(),
-            "reason": e.reason(),
-            "message": e.to_string(),
-            "metadata": metadata(e),
-        }
-    });
-    let status = StatusCode::from_u16(http_status(e)).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut resp = (status, Json(body)).into_response();
-    if let LockError::NotLeader { leader_addr: Some(addr), .. } = e
-        && let Ok(v) = HeaderValue::from_str(addr)
-    {
-        resp.headers_mut().insert(LEADER_ADDR_HEADER, v);
-    }
-    resp
+    ApiError::from(e).into_response()
 }
 
 fn reply(r: Result<Value, LockError>) -> Response {
@@ -127,7 +115,7 @@ fn reply(r: Result<Value, LockError>) -> Response {
     }
 }
 
-async fn acquire(State(s): State<HttpState>, Who(who): Who, Json(b): Json<AcquireBody>) -> Response {
+async fn acquire(State(s): State<HttpState>, Who(who): Who, JsonBody(b): JsonBody<AcquireBody>) -> Response {
     reply(call::acquire(&s.svc, &s.metrics, who, b.into()).await.map(|g| {
         json!({
             "resource": g.grant.resource.as_str(),
@@ -143,12 +131,15 @@ async fn acquire(State(s): State<HttpState>, Who(who): Who, Json(b): Json<Acquir
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct LeaseBody {
+    #[serde(default)]
     resource: String,
+    #[serde(default)]
     lease_id: String,
 }
 
-async fn renew(State(s): State<HttpState>, Who(who): Who, Json(b): Json<LeaseBody>) -> Response {
+async fn renew(State(s): State<HttpState>, Who(who): Who, JsonBody(b): JsonBody<LeaseBody>) -> Response {
     let call = async {
         who?.check(Permission::Acquire, &b.resource)?;
         s.svc.renew(&b.resource, &b.lease_id).await
@@ -160,7 +151,7 @@ async fn renew(State(s): State<HttpState>, Who(who): Who, Json(b): Json<LeaseBod
     )
 }
 
-async fn release(State(s): State<HttpState>, Who(who): Who, Json(b): Json<LeaseBody>) -> Response {
+async fn release(State(s): State<HttpState>, Who(who): Who, JsonBody(b): JsonBody<LeaseBody>) -> Response {
     let call = async {
         who?.check(Permission::Acquire, &b.resource)?;
         s.svc.release(&b.resource, &b.lease_id).await
@@ -194,23 +185,25 @@ async fn get_lock(State(s): State<HttpState>, Who(who): Who, Path(resource): Pat
     reply(observed(&s.metrics, "get", &resource, call).await.map(|v| view_json(&v)))
 }
 
-#[derive(Deserialize)]
-struct ListQuery {
-    #[serde(default)]
-    prefix: String,
-    #[serde(default)]
-    page_size: u32,
-    #[serde(default)]
-    page_token: String,
-}
+/// The parameters of `GET /v1/locks`.
+const LIST_PARAMS: [&str; 3] = ["prefix", "page_size", "page_token"];
 
-async fn list(State(s): State<HttpState>, Who(who): Who, Query(q): Query<ListQuery>) -> Response {
+async fn list(State(s): State<HttpState>, Who(who): Who, RawQuery(query): RawQuery) -> Response {
+    let mut q = match Params::parse(query.as_deref()) {
+        Ok(q) => q,
+        Err(e) => return e.into_response(),
+    };
+    let (prefix, page_token) = (q.text("prefix").unwrap_or_default(), q.text("page_token").unwrap_or_default());
+    let page_size = match q.parsed::<u32>("page_size", "a page size").and_then(|n| q.finish(&LIST_PARAMS).map(|()| n)) {
+        Ok(n) => n.unwrap_or(0),
+        Err(e) => return e.into_response(),
+    };
     let call = async {
         let who = who?;
         who.charge_request(&Clock)?;
-        s.svc.list_where(&q.prefix, q.page_size, &q.page_token, |name| who.may(Permission::Read, name)).await
+        s.svc.list_where(&prefix, page_size, &page_token, |name| who.may(Permission::Read, name)).await
     };
-    reply(observed(&s.metrics, "list", &q.prefix, call).await.map(
+    reply(observed(&s.metrics, "list", &prefix, call).await.map(
         |(views, next)| json!({ "locks": views.iter().map(view_json).collect::<Vec<_>>(), "next_page_token": next }),
     ))
 }
@@ -220,7 +213,9 @@ async fn status(State(s): State<HttpState>) -> Response {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ForceBody {
+    #[serde(default)]
     resource: String,
     #[serde(default)]
     caller: String,
@@ -228,12 +223,11 @@ struct ForceBody {
     reason: String,
 }
 
-async fn force_release(State(s): State<HttpState>, Who(who): Who, Json(b): Json<ForceBody>) -> Response {
+async fn force_release(State(s): State<HttpState>, Who(who): Who, JsonBody(b): JsonBody<ForceBody>) -> Response {
     let call = async {
         let who = who?;
         who.check(Permission::Admin, &b.resource)?;
         let audit_caller = who.audit_caller(&b.caller);
-        tracing::warn!(caller = %audit_caller, reason = %b.reason, "force-release requested over HTTP");
         s.svc.force_release(&b.resource, &audit_caller, &b.reason).await
     };
     reply(observed(&s.metrics, "force_release", &b.resource, call).await.map(|r| {
@@ -290,38 +284,38 @@ async fn readyz(State(s): State<HttpState>) -> Response {
     (code, format!("{}: {}\n", if h.ready { "ready" } else { "not ready" }, h.ready_reason)).into_response()
 }
 
-#[derive(Deserialize)]
-struct HotQuery {
-    by: Option<HotOrder>,
-    limit: Option<usize>,
-}
-
 /// The busiest resources (module `hot`).
-async fn hot(State(s): State<HttpState>, Who(who): Who, Query(q): Query<HotQuery>) -> Response {
+async fn hot(State(s): State<HttpState>, Who(who): Who, RawQuery(query): RawQuery) -> Response {
     if let Err(e) = who.and_then(|c| c.check_cluster_admin()) {
         return error_response(&e);
     }
-    let limit = q.limit.unwrap_or(DEFAULT_HOT_LIMIT);
+    let parsed = Params::parse(query.as_deref()).and_then(|mut q| {
+        let by = q.parsed::<HotOrder>("by", "one of acquires, waiters, hold")?;
+        let limit = q.parsed::<usize>("limit", "a number")?;
+        q.finish(&["by", "limit"])?;
+        Ok((by, limit))
+    });
+    let (by, limit) = match parsed {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let limit = limit.unwrap_or(DEFAULT_HOT_LIMIT);
     let max = s.svc.hot_capacity().max(1);
     if limit == 0 || limit > max {
-        return bad_request(format!("limit: {limit} is outside 1..={max} (the tracker's capacity)"));
+        return ApiError::invalid("limit", format!("limit: {limit} is outside 1..={max} (the tracker's capacity)"))
+            .into_response();
     }
-    Json(s.svc.hot(q.by.unwrap_or(HotOrder::Acquires), limit)).into_response()
-}
-
-fn bad_request(message: String) -> Response {
-    let body = json!({ "error": { "code": "INVALID_ARGUMENT", "reason": "INVALID_ARGUMENT", "message": message, "metadata": {} } });
-    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+    Json(s.svc.hot(by.unwrap_or(HotOrder::Acquires), limit)).into_response()
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct LogLevelBody {
     filter: String,
 }
 
 fn no_log_control() -> Response {
-    let body = json!({ "error": { "code": "UNIMPLEMENTED", "reason": "NO_LOG_CONTROL", "message": "this process did not hand the node a log filter control", "metadata": {} } });
-    (StatusCode::NOT_IMPLEMENTED, Json(body)).into_response()
+    ApiError::no_log_control().into_response()
 }
 
 async fn get_log_level(State(s): State<HttpState>, Who(who): Who) -> Response {
@@ -336,7 +330,7 @@ async fn get_log_level(State(s): State<HttpState>, Who(who): Who) -> Response {
 
 /// Replaces the log filter; a filter that does not parse answers 400 and
 /// the old one stays.
-async fn set_log_level(State(s): State<HttpState>, Who(who): Who, Json(b): Json<LogLevelBody>) -> Response {
+async fn set_log_level(State(s): State<HttpState>, Who(who): Who, JsonBody(b): JsonBody<LogLevelBody>) -> Response {
     if let Err(e) = who.and_then(|c| c.check_cluster_admin()) {
         return error_response(&e);
     }
@@ -348,6 +342,6 @@ async fn set_log_level(State(s): State<HttpState>, Who(who): Who, Json(b): Json<
             tracing::warn!(%previous, %filter, "log filter changed through the admin endpoint");
             Json(json!({ "filter": filter, "previous": previous })).into_response()
         }
-        Err(e) => bad_request(format!("filter: {e}")),
+        Err(e) => ApiError::invalid("filter", format!("filter: {e}")).into_response(),
     }
 }

@@ -3,13 +3,18 @@
 //! the operator endpoints (also on the optional status port).
 //! Errors become statuses in exactly one place, [`errors`]; what both front
 //! ends do around a call (the caller's checks, span and metrics, request
-//! conversion) is in `call`.
+//! conversion) is in `call`; how the JSON front end refuses what it cannot
+//! take (not JSON, unknown fields or paths) is in `json`; the OpenAPI
+//! document of the JSON API, and the test that keeps it true, in `openapi`.
 
 mod call;
 mod errors;
 mod grpc;
 mod http;
+mod json;
+mod openapi;
 
 pub use self::errors::{grpc_code, http_status, to_status};
 pub(crate) use self::grpc::{AdminApi, LockApi};
 pub(crate) use self::http::{router, status_router};
+pub(crate) use self::json::with_json_errors;

@@ -2,7 +2,8 @@
 
 use fencer_token::{LeaseIdError, ResourceNameError};
 
-use crate::types::{FencingToken, InvalidField, NodeId};
+use crate::state_machine::Reuse;
+use crate::types::{FencingToken, InvalidField, LeaseId, NodeId};
 
 /// Why a lock operation did not succeed. Keeps "refused" (the request was
 /// answered) apart from "unavailable" (the outcome may be unknown).
@@ -34,9 +35,30 @@ pub enum LockError {
     /// The lease expired or was force-released.
     #[error("lease expired")]
     LeaseExpired,
-    /// The request id was already used for another resource.
-    #[error("request id was already used for another resource; use a fresh request id per attempt")]
-    RequestIdReused,
+    /// The request id was first used for another request.
+    #[error("the request id was first used for {}; use a fresh request id per attempt", match .0 {
+        Reuse::Resource => "another resource",
+        Reuse::HolderOrTtl => "the same resource with another holder or ttl",
+    })]
+    RequestIdReused(Reuse),
+    /// A retried acquire whose grant has ended since (released, expired or
+    /// force-released): the original grant, which holds nothing now.
+    #[error(
+        "this request id was granted the lock (token {token}), and that lease has ended since; acquire again with a new request id"
+    )]
+    LeaseEnded {
+        /// The original grant's lease.
+        lease_id: LeaseId,
+        /// Its token.
+        token: FencingToken,
+        /// Its ttl.
+        ttl_ms: u64,
+        /// When it was due to expire if never renewed, counted from the
+        /// entry that granted it (Unix ms, leader wall clock).
+        expires_at_unix_ms: u64,
+        /// Whether it was granted from the queue.
+        waited: bool,
+    },
     /// This node is not the leader.
     #[error("not the leader{}", leader_addr.as_ref().map(|a| format!("; the leader is {a}")).unwrap_or_else(|| "; no leader is known".into()))]
     NotLeader {
@@ -101,7 +123,8 @@ impl LockError {
             Self::TooManyWaiters { .. } => "TOO_MANY_WAITERS",
             Self::NotHolder => "NOT_HOLDER",
             Self::LeaseExpired => "LEASE_EXPIRED",
-            Self::RequestIdReused => "REQUEST_ID_REUSED",
+            Self::RequestIdReused(_) => "REQUEST_ID_REUSED",
+            Self::LeaseEnded { .. } => "LEASE_ENDED",
             Self::NotLeader { .. } => "NOT_LEADER",
             Self::NoQuorum => "NO_QUORUM",
             Self::Unknown(_) => "OUTCOME_UNKNOWN",
@@ -120,14 +143,14 @@ impl LockError {
     pub fn metric_outcome(&self) -> &'static str {
         match self {
             Self::Invalid(_)
-            | Self::RequestIdReused
+            | Self::RequestIdReused(_)
             | Self::Unauthenticated(_)
             | Self::PermissionDenied { .. }
             | Self::UnknownSigningKey(_)
             | Self::SigningKeyRefused(_) => "invalid",
             Self::LockHeld { .. } | Self::TooManyWaiters { .. } | Self::TenantLimit { .. } => "conflict",
             Self::WaitTimeout => "timeout",
-            Self::NotHolder | Self::LeaseExpired => "not_holder",
+            Self::NotHolder | Self::LeaseExpired | Self::LeaseEnded { .. } => "not_holder",
             Self::NotLeader { .. } | Self::NoQuorum | Self::LeaderChanged | Self::ShuttingDown => "unavailable",
             Self::Unknown(_) | Self::Internal(_) => "unknown",
         }

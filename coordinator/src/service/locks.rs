@@ -9,7 +9,9 @@ use tokio::task::JoinHandle;
 
 use super::{LockError, LockService};
 use crate::metrics::Metrics;
-use crate::state_machine::{AcquireCmd, CancelOutcome, Command, Grant, Outcome, Quota, Rejection, ResourceState};
+use crate::state_machine::{
+    AcquireCmd, CancelOutcome, Command, EndedGrant, Grant, Outcome, Quota, Rejection, ResourceState,
+};
 use crate::types::{
     AuditText, FencingToken, Holder, InvalidField, LeaseId, RequestId, ResourceName, check_resource_chars,
 };
@@ -22,8 +24,8 @@ pub struct AcquireRequest {
     pub resource: String,
     /// The caller's id for this attempt; empty → generated.
     pub request_id: String,
-    /// Lease length; 0 → default.
-    pub ttl_ms: u64,
+    /// Lease length; `None` → the policy's default (an explicit 0 is refused).
+    pub ttl_ms: Option<u64>,
     /// 0 → try once.
     pub wait_timeout_ms: u64,
     /// Who asks.
@@ -219,6 +221,7 @@ impl LockService {
                 let cancel = self.propose_detached(Command::CancelWait { resource, request_id: request_id.clone() });
                 match cancel.await.map_err(|e| LockError::Internal(format!("cancel task: {e}")))?? {
                     Outcome::WaitCancel(CancelOutcome::AlreadyGranted(g)) => Ok(self.granted(g, request_id).await),
+                    Outcome::WaitCancel(CancelOutcome::GrantEnded(ended)) => Err(ended_grant(&ended)),
                     Outcome::WaitCancel(_) => Err(LockError::WaitTimeout),
                     other => Err(LockError::Internal(format!("unexpected outcome of CancelWait: {other:?}"))),
                 }
@@ -236,7 +239,8 @@ impl LockService {
                 }
                 Rejection::NotHolder => LockError::NotHolder,
                 Rejection::LeaseExpired => LockError::LeaseExpired,
-                Rejection::RequestIdReused => LockError::RequestIdReused,
+                Rejection::RequestIdReused(reuse) => LockError::RequestIdReused(reuse),
+                Rejection::LeaseEnded(ended) => ended_grant(&ended),
                 Rejection::WaitCancelled => LockError::WaitTimeout,
                 Rejection::TenantLimit { limit, value } => {
                     LockError::TenantLimit { tenant: String::new(), limit: limit.as_str(), value }
@@ -290,6 +294,9 @@ impl LockService {
         let resource = ResourceName::new(resource)?;
         let caller = AuditText::new(caller, "caller")?;
         let reason = AuditText::new(reason, "reason")?;
+        // Logged only once bounded and free of control characters (an
+        // operator's text must not forge log lines or flood the log).
+        tracing::warn!(%resource, caller = %caller.as_str(), reason = %reason.as_str(), "force-release requested");
         self.ensure_leader()?;
         match self.propose_indexed(Command::ForceRelease { resource, caller, reason }).await? {
             (log_index, Outcome::ForceReleased { released_token }) => Ok(ForceReleased { released_token, log_index }),
@@ -358,11 +365,7 @@ impl LockService {
             return Err(InvalidField::PageSize { value: page_size, max }.into());
         }
         let page_size = if page_size == 0 { 100 } else { page_size as usize };
-        let after = if page_token.is_empty() {
-            None
-        } else {
-            Some(ResourceName::new(page_token).map_err(|_| InvalidField::PageToken)?)
-        };
+        let after = if page_token.is_empty() { None } else { Some(decode_page_token(page_token)?) };
         self.linearize().await?;
         let state = self.inner.sm.read();
         // Seek straight to the first name at or after both the prefix and the
@@ -383,12 +386,53 @@ impl LockService {
                 continue;
             }
             if out.len() == page_size {
-                next = out.last().map(|v: &LockView| v.resource.to_string()).unwrap_or_default();
+                next = out.last().map(|v: &LockView| page_token_after(&v.resource)).unwrap_or_default();
                 break;
             }
             out.push(self.view(name.clone(), Some(r)));
         }
         Ok((out, next))
+    }
+}
+
+/// The page token that continues a listing after `name`: opaque to
+/// callers (`p` and the name in hex), so that a token the server did not
+/// hand out is refused (INVALID_ARGUMENT, `page_token`), never read as a
+/// position.
+fn page_token_after(name: &ResourceName) -> String {
+    let mut token = String::with_capacity(1 + 2 * name.as_str().len());
+    token.push('p');
+    for b in name.as_str().bytes() {
+        token.push_str(&format!("{b:02x}"));
+    }
+    token
+}
+
+/// The name a page token continues after, or why it is not a token.
+fn decode_page_token(token: &str) -> Result<ResourceName, InvalidField> {
+    let hex = token.strip_prefix('p').ok_or(InvalidField::PageToken)?;
+    if hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return Err(InvalidField::PageToken);
+    }
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| InvalidField::PageToken)?;
+    let name = String::from_utf8(bytes).map_err(|_| InvalidField::PageToken)?;
+    ResourceName::new(name).map_err(|_| InvalidField::PageToken)
+}
+
+/// The answer to a retry whose grant has ended since: the original grant,
+/// with the expiry it had when granted.
+fn ended_grant(ended: &EndedGrant) -> LockError {
+    let g = &ended.grant;
+    LockError::LeaseEnded {
+        lease_id: g.lease_id,
+        token: g.token,
+        ttl_ms: g.ttl_ms,
+        expires_at_unix_ms: ended.granted_at_ms.saturating_add(g.ttl_ms),
+        waited: g.waited,
     }
 }
 
@@ -463,5 +507,22 @@ impl LockService {
         if let Err(e) = self.propose(Command::Release { resource: g.resource.clone(), lease_id: g.lease_id }).await {
             tracing::warn!(error = %e, "could not release an orphaned lease; it will expire");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_are_only_those_handed_out() {
+        let name = ResourceName::new("orders/42").unwrap();
+        let token = page_token_after(&name);
+        assert_eq!(decode_page_token(&token).unwrap(), name);
+        // A resource name is not a token, nor is text that is not hex of one.
+        for bad in ["garbage", "orders/42", "p", "p0", "pzz", "p2f2f", "P6f72", "p6F72", "\u{fffd}\u{fffd}", "pff"] {
+            assert!(matches!(decode_page_token(bad), Err(InvalidField::PageToken)), "{bad:?}");
+        }
+        assert_eq!(decode_page_token("p6f72").unwrap().as_str(), "or");
     }
 }

@@ -31,10 +31,12 @@ mod outcome;
 mod record;
 
 pub use self::command::{AcquireCmd, Command, LogCommand, Quota};
-pub use self::outcome::{Applied, CancelOutcome, Event, Grant, KeyChange, KeyRefusal, Outcome, QuotaLimit, Rejection};
+pub use self::outcome::{
+    Applied, CancelOutcome, EndedGrant, Event, Grant, KeyChange, KeyRefusal, Outcome, QuotaLimit, Rejection, Reuse,
+};
 pub use self::record::{
-    DedupOutcome, DedupRecord, EndReason, EndedLease, LockRecord, RequestKey, ResourceHash, ResourceState,
-    SigningKeyRecord, Waiter, current_signing_key,
+    AcquireFingerprint, DedupOutcome, DedupRecord, EndReason, EndedLease, LockRecord, RequestKey, ResourceHash,
+    ResourceState, SigningKeyRecord, Waiter, current_signing_key,
 };
 
 /// Keys changed since the store last drained them.
@@ -290,9 +292,10 @@ impl LockState {
         events: &mut Vec<Event>,
     ) -> Outcome {
         let AcquireCmd { request_id, resource, wait, lease_id, max_waiters, .. } = cmd;
+        let fingerprint = AcquireFingerprint::of(&cmd.holder, cmd.ttl_ms);
         if let Some(record) = self.dedup.get(&key) {
             events.push(Event::DedupHit { request_id: request_id.clone() });
-            return self.replay(request_id, record, resource);
+            return self.replay(request_id, record, resource, fingerprint);
         }
         let state = self.resources.entry(resource.clone()).or_default();
         let (outcome, dedup) = match &state.lock {
@@ -324,24 +327,31 @@ impl LockState {
         } else {
             self.changes.resources.insert(resource.clone());
         }
-        self.dedup.insert(key, DedupRecord { resource: ResourceHash::of(resource), outcome: dedup, at_ms });
+        self.dedup
+            .insert(key, DedupRecord { resource: ResourceHash::of(resource), outcome: dedup, at_ms, fingerprint });
         self.changes.dedup_put.insert(key);
         outcome
     }
 
-    /// The original outcome of a retried request id (I7).
-    fn replay(&self, request_id: &RequestId, record: &DedupRecord, resource: &ResourceName) -> Outcome {
+    /// The original outcome of a retried request id (I7). A grant is
+    /// answered as a grant only while its lease is current: once it ended,
+    /// the retry learns the original grant as [`Rejection::LeaseEnded`].
+    /// Decided here, from the replicated state, so every node answers alike.
+    fn replay(
+        &self,
+        request_id: &RequestId,
+        record: &DedupRecord,
+        resource: &ResourceName,
+        fingerprint: AcquireFingerprint,
+    ) -> Outcome {
         if record.resource != ResourceHash::of(resource) {
-            return Outcome::Rejected(Rejection::RequestIdReused);
+            return Outcome::Rejected(Rejection::RequestIdReused(Reuse::Resource));
+        }
+        if record.fingerprint != AcquireFingerprint::UNKNOWN && record.fingerprint != fingerprint {
+            return Outcome::Rejected(Rejection::RequestIdReused(Reuse::HolderOrTtl));
         }
         match &record.outcome {
-            DedupOutcome::Granted { lease_id, token, ttl_ms, waited } => Outcome::Granted(Grant {
-                resource: resource.clone(),
-                lease_id: *lease_id,
-                token: *token,
-                ttl_ms: *ttl_ms,
-                waited: *waited,
-            }),
+            DedupOutcome::Granted { .. } => self.granted_or_ended(record, resource),
             DedupOutcome::Queued { lease_id } => {
                 let position = self
                     .resources
@@ -485,18 +495,34 @@ impl LockState {
             return Outcome::WaitCancel(CancelOutcome::Cancelled);
         }
         match self.dedup.get(&RequestKey::of(request_id)) {
-            Some(DedupRecord {
-                resource: r,
-                outcome: DedupOutcome::Granted { lease_id, token, ttl_ms, waited },
-                ..
-            }) if *r == ResourceHash::of(resource) => Outcome::WaitCancel(CancelOutcome::AlreadyGranted(Grant {
-                resource: resource.clone(),
-                lease_id: *lease_id,
-                token: *token,
-                ttl_ms: *ttl_ms,
-                waited: *waited,
-            })),
+            Some(rec @ DedupRecord { outcome: DedupOutcome::Granted { .. }, .. })
+                if rec.resource == ResourceHash::of(resource) =>
+            {
+                Outcome::WaitCancel(match self.granted_or_ended(rec, resource) {
+                    Outcome::Granted(g) => CancelOutcome::AlreadyGranted(g),
+                    Outcome::Rejected(Rejection::LeaseEnded(ended)) => CancelOutcome::GrantEnded(ended),
+                    _ => CancelOutcome::NotWaiting,
+                })
+            }
             _ => Outcome::WaitCancel(CancelOutcome::NotWaiting),
+        }
+    }
+
+    /// A recorded grant as a retry learns it: [`Outcome::Granted`] while its
+    /// lease is the resource's current one, else [`Rejection::LeaseEnded`]
+    /// with the original grant and the time it was granted.
+    fn granted_or_ended(&self, record: &DedupRecord, resource: &ResourceName) -> Outcome {
+        let DedupOutcome::Granted { lease_id, token, ttl_ms, waited } = &record.outcome else {
+            return Outcome::Rejected(Rejection::NotHolder);
+        };
+        let grant =
+            Grant { resource: resource.clone(), lease_id: *lease_id, token: *token, ttl_ms: *ttl_ms, waited: *waited };
+        if self.current_lock(resource).is_some_and(|l| l.lease_id == *lease_id) {
+            Outcome::Granted(grant)
+        } else {
+            // The record's time is the granting entry's (set when it was
+            // granted, at once or by promotion, and never changed after).
+            Outcome::Rejected(Rejection::LeaseEnded(EndedGrant { grant, granted_at_ms: record.at_ms }))
         }
     }
 

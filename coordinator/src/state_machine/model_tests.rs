@@ -14,27 +14,40 @@ use crate::types::AuditText;
 struct Model {
     holders: BTreeMap<String, (u128, u64, String, u64)>, // resource -> (lease, token, request id, renewed index)
     queues: BTreeMap<String, Vec<(String, u128, u64)>>,  // resource -> [(request id, lease, ttl)]
-    dedup: HashMap<String, (String, DedupOutcome)>,      // request id -> (resource, outcome)
+    dedup: HashMap<String, Recorded>,                    // request id -> what it led to
     ended: HashMap<u128, (EndReason, String)>,
+}
+
+/// What a request id led to, in the model.
+#[derive(Clone)]
+struct Recorded {
+    resource: String,
+    /// The holder and ttl it asked for.
+    asked: (String, u64),
+    outcome: DedupOutcome,
+    /// Leader time of the entry that decided the outcome last.
+    at_ms: u64,
+}
+
+/// Leader time of the entry at `index` in these tests.
+fn at(index: u64) -> u64 {
+    1_000 + index
 }
 
 impl Model {
     fn step(&mut self, index: u64, cmd: &Command) -> Outcome {
         match cmd {
-            Command::Acquire(AcquireCmd { request_id, resource, ttl_ms, wait, lease_id, max_waiters, .. }) => {
+            Command::Acquire(AcquireCmd { request_id, resource, holder, ttl_ms, wait, lease_id, max_waiters }) => {
                 let (rid, res) = (request_id.as_str().to_string(), resource.as_str().to_string());
-                if let Some((first, out)) = self.dedup.get(&rid) {
-                    if *first != res {
-                        return Outcome::Rejected(Rejection::RequestIdReused);
+                if let Some(rec) = self.dedup.get(&rid) {
+                    if rec.resource != res {
+                        return Outcome::Rejected(Rejection::RequestIdReused(Reuse::Resource));
                     }
-                    return match out {
-                        DedupOutcome::Granted { lease_id, token, ttl_ms, waited } => Outcome::Granted(Grant {
-                            resource: resource.clone(),
-                            lease_id: *lease_id,
-                            token: *token,
-                            ttl_ms: *ttl_ms,
-                            waited: *waited,
-                        }),
+                    if rec.asked != (holder.as_str().to_string(), *ttl_ms) {
+                        return Outcome::Rejected(Rejection::RequestIdReused(Reuse::HolderOrTtl));
+                    }
+                    return match &rec.outcome {
+                        DedupOutcome::Granted { .. } => self.granted_or_ended(rec, resource),
                         DedupOutcome::Queued { lease_id } => {
                             let q = self.queues.get(&res).cloned().unwrap_or_default();
                             let pos = q.iter().position(|(r, _, _)| *r == rid).map_or(0, |p| p as u32 + 1);
@@ -91,7 +104,8 @@ impl Model {
                         )
                     }
                 };
-                self.dedup.insert(rid, (res, rec));
+                let asked = (holder.as_str().to_string(), *ttl_ms);
+                self.dedup.insert(rid, Recorded { resource: res, asked, outcome: rec, at_ms: at(index) });
                 out
             }
             Command::Renew { resource, lease_id } => match self.holders.get_mut(resource.as_str()) {
@@ -125,18 +139,17 @@ impl Model {
                 let q = self.queues.entry(res.to_string()).or_default();
                 if let Some(p) = q.iter().position(|(r, _, _)| r == rid) {
                     q.remove(p);
-                    self.dedup.get_mut(rid).unwrap().1 = DedupOutcome::WaitCancelled;
+                    let rec = self.dedup.get_mut(rid).unwrap();
+                    (rec.outcome, rec.at_ms) = (DedupOutcome::WaitCancelled, at(index));
                     return Outcome::WaitCancel(CancelOutcome::Cancelled);
                 }
                 match self.dedup.get(rid) {
-                    Some((r, DedupOutcome::Granted { lease_id, token, ttl_ms, waited })) if r == res => {
-                        Outcome::WaitCancel(CancelOutcome::AlreadyGranted(Grant {
-                            resource: resource.clone(),
-                            lease_id: *lease_id,
-                            token: *token,
-                            ttl_ms: *ttl_ms,
-                            waited: *waited,
-                        }))
+                    Some(rec) if rec.resource == res && matches!(rec.outcome, DedupOutcome::Granted { .. }) => {
+                        Outcome::WaitCancel(match self.granted_or_ended(rec, resource) {
+                            Outcome::Granted(g) => CancelOutcome::AlreadyGranted(g),
+                            Outcome::Rejected(Rejection::LeaseEnded(e)) => CancelOutcome::GrantEnded(e),
+                            other => unreachable!("{other:?}"),
+                        })
                     }
                     _ => Outcome::WaitCancel(CancelOutcome::NotWaiting),
                 }
@@ -174,6 +187,17 @@ impl Model {
         }
     }
 
+    /// A recorded grant: live while its lease holds the lock, else ended.
+    fn granted_or_ended(&self, rec: &Recorded, resource: &ResourceName) -> Outcome {
+        let DedupOutcome::Granted { lease_id, token, ttl_ms, waited } = rec.outcome else { unreachable!() };
+        let grant = Grant { resource: resource.clone(), lease_id, token, ttl_ms, waited };
+        if self.holders.get(resource.as_str()).is_some_and(|h| h.0 == lease_id.to_u128()) {
+            Outcome::Granted(grant)
+        } else {
+            Outcome::Rejected(Rejection::LeaseEnded(EndedGrant { grant, granted_at_ms: rec.at_ms }))
+        }
+    }
+
     fn why_not(&self, resource: &ResourceName, lease: &LeaseId) -> Rejection {
         match self.ended.get(&lease.to_u128()) {
             Some((EndReason::Expired | EndReason::ForceReleased, r)) if r == resource.as_str() => {
@@ -190,12 +214,14 @@ impl Model {
         if !q.is_empty() {
             let (rid, lease, ttl) = q.remove(0);
             self.holders.insert(res.to_string(), (lease, index, rid.clone(), index));
-            self.dedup.get_mut(&rid).unwrap().1 = DedupOutcome::Granted {
+            let rec = self.dedup.get_mut(&rid).unwrap();
+            rec.outcome = DedupOutcome::Granted {
                 lease_id: LeaseId::from_u128(lease),
                 token: FencingToken(index),
                 ttl_ms: ttl,
                 waited: true,
             };
+            rec.at_ms = at(index);
         }
     }
 }
@@ -203,20 +229,49 @@ impl Model {
 /// A command template; lease ids and indexes are resolved against the state.
 #[derive(Debug, Clone)]
 enum Op {
-    Acquire { req: u8, res: u8, wait: bool },
-    AcquireInQuota { req: u8, res: u8, wait: bool, max_locks: u8, max_waiters: u8 },
-    Renew { res: u8, pick: u8 },
-    Release { res: u8, pick: u8 },
-    Expire { res: u8, pick: u8, stale_basis: bool },
-    Cancel { req: u8, res: u8 },
-    Force { res: u8 },
+    /// `odd` asks, now and then, with another holder or ttl than the
+    /// request id's other uses (a request id reused by mistake).
+    Acquire {
+        req: u8,
+        res: u8,
+        wait: bool,
+        odd: u8,
+    },
+    AcquireInQuota {
+        req: u8,
+        res: u8,
+        wait: bool,
+        odd: u8,
+        max_locks: u8,
+        max_waiters: u8,
+    },
+    Renew {
+        res: u8,
+        pick: u8,
+    },
+    Release {
+        res: u8,
+        pick: u8,
+    },
+    Expire {
+        res: u8,
+        pick: u8,
+        stale_basis: bool,
+    },
+    Cancel {
+        req: u8,
+        res: u8,
+    },
+    Force {
+        res: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..8, 0u8..3, any::<bool>()).prop_map(|(req, res, wait)| Op::Acquire { req, res, wait }),
-        2 => (0u8..8, 0u8..3, any::<bool>(), 1u8..3, 1u8..3).prop_map(|(req, res, wait, max_locks, max_waiters)| {
-            Op::AcquireInQuota { req, res, wait, max_locks, max_waiters }
+        4 => (0u8..8, 0u8..3, any::<bool>(), any::<u8>()).prop_map(|(req, res, wait, odd)| Op::Acquire { req, res, wait, odd }),
+        2 => (0u8..8, 0u8..3, any::<bool>(), any::<u8>(), 1u8..3, 1u8..3).prop_map(|(req, res, wait, odd, max_locks, max_waiters)| {
+            Op::AcquireInQuota { req, res, wait, odd, max_locks, max_waiters }
         }),
         2 => (0u8..3, any::<u8>()).prop_map(|(res, pick)| Op::Renew { res, pick }),
         3 => (0u8..3, any::<u8>()).prop_map(|(res, pick)| Op::Release { res, pick }),
@@ -234,6 +289,16 @@ fn req(i: u8) -> RequestId {
     RequestId::new(format!("request-{i}")).unwrap()
 }
 
+/// The holder request `r` asks as: its own, or (1 in 16) another.
+fn holder(r: u8, odd: u8) -> Holder {
+    Holder::new(if odd.is_multiple_of(16) { format!("other-{r}") } else { format!("h{r}") }).unwrap()
+}
+
+/// The ttl a request asks for: 5 s, or (1 in 16) 6 s.
+fn ttl(odd: u8) -> u64 {
+    if odd % 16 == 1 { 6000 } else { 5000 }
+}
+
 /// Turns an op into a concrete command: `pick` chooses the current lease (so
 /// the command can succeed) or an old or never-issued one (so I4 is exercised).
 fn resolve(op: &Op, sm: &LockState, issued: &[LeaseId], index: u64) -> Command {
@@ -246,22 +311,22 @@ fn resolve(op: &Op, sm: &LockState, issued: &[LeaseId], index: u64) -> Command {
         }
     };
     match *op {
-        Op::Acquire { req: r, res: s, wait } => Command::Acquire(AcquireCmd {
+        Op::Acquire { req: r, res: s, wait, odd } => Command::Acquire(AcquireCmd {
             request_id: req(r),
             resource: res(s),
-            holder: Holder::new(format!("h{r}")).unwrap(),
-            ttl_ms: 5000,
+            holder: holder(r, odd),
+            ttl_ms: ttl(odd),
             wait,
             // Lease ids derive from the index: unique, like the leader's CSPRNG draws.
             lease_id: LeaseId::from_u128(u128::from(index) << 64 | 0xabc),
             max_waiters: 3,
         }),
-        Op::AcquireInQuota { req: r, res: s, wait, max_locks, max_waiters } => Command::AcquireInQuota {
+        Op::AcquireInQuota { req: r, res: s, wait, odd, max_locks, max_waiters } => Command::AcquireInQuota {
             acquire: AcquireCmd {
                 request_id: req(r),
                 resource: res(s),
-                holder: Holder::new(format!("h{r}")).unwrap(),
-                ttl_ms: 5000,
+                holder: holder(r, odd),
+                ttl_ms: ttl(odd),
                 wait,
                 lease_id: LeaseId::from_u128(u128::from(index) << 64 | 0xabc),
                 max_waiters: 3,
@@ -347,11 +412,12 @@ proptest! {
         let mut issued: Vec<LeaseId> = Vec::new();
         let mut tokens = Vec::new();
         let mut first_outcome: HashMap<RequestId, Outcome> = HashMap::new();
+        let mut first_asked: HashMap<RequestId, (ResourceName, (String, u64))> = HashMap::new();
         for (i, op) in ops.iter().enumerate() {
             let index = i as u64 + 1;
             let cmd = resolve(op, &sm, &issued, index);
             let before = sm.clone();
-            let applied = sm.apply(index, &LogCommand { at_ms: 1_000 + index, cmd: cmd.clone() });
+            let applied = sm.apply(index, &LogCommand { at_ms: at(index), cmd: cmd.clone() });
             let expected = model.step(index, &cmd);
             prop_assert_eq!(normalise(applied.outcome.clone()), normalise(expected), "step {} {:?}", index, cmd);
             check_invariants(&sm, &mut tokens, &applied.events, index);
@@ -367,15 +433,48 @@ proptest! {
                     prop_assert_eq!(before.resources(), sm.resources(), "a stale lease id changed the state");
                 }
             }
-            // I7: a retried acquire returns the original grant or queue slot.
-            if let Command::Acquire(AcquireCmd { request_id, .. }) = &cmd {
+            // I7: a retried acquire returns the original grant or queue
+            // slot; a grant only while its lease is current, else the
+            // original grant as ended; a retry that asks for another
+            // holder or ttl than the first use is refused.
+            if let Some(AcquireCmd { request_id, resource, holder, ttl_ms, .. }) = cmd.acquire() {
+                let current = |s: &LockState| s.resource(resource).and_then(|r| r.lock.as_ref()).map(|l| l.lease_id);
                 match (&applied.outcome, first_outcome.get(request_id)) {
                     (Outcome::Granted(g), Some(Outcome::Granted(first))) => prop_assert_eq!(g, first),
+                    (Outcome::Rejected(Rejection::LeaseEnded(e)), Some(Outcome::Granted(first))) => {
+                        prop_assert_eq!(&e.grant, first)
+                    }
                     (Outcome::Queued { lease_id, .. }, Some(Outcome::Queued { lease_id: first, .. })) => {
                         prop_assert_eq!(lease_id, first)
                     }
                     _ => {}
                 }
+                if let Outcome::Rejected(Rejection::LeaseEnded(e)) = &applied.outcome {
+                    prop_assert_ne!(current(&before), Some(e.grant.lease_id), "an ended grant is current");
+                    // The token is the granting entry's index (I2): its time is the grant's.
+                    prop_assert_eq!(e.granted_at_ms, at(e.grant.token.0), "the time of the granting entry");
+                }
+                let asked = (holder.as_str().to_string(), *ttl_ms);
+                match first_asked.get(request_id) {
+                    Some(first) if first.0 == *resource && first.1 != asked => prop_assert_eq!(
+                        &applied.outcome,
+                        &Outcome::Rejected(Rejection::RequestIdReused(Reuse::HolderOrTtl))
+                    ),
+                    Some(_) => {}
+                    None if !matches!(applied.outcome, Outcome::Rejected(Rejection::TenantLimit { .. })) => {
+                        first_asked.insert(request_id.clone(), (resource.clone(), asked));
+                    }
+                    None => {}
+                }
+            }
+            // Never a live answer for a lease that is not current.
+            if let Outcome::Granted(g) | Outcome::WaitCancel(CancelOutcome::AlreadyGranted(g)) = &applied.outcome {
+                let lock = sm.resource(&g.resource).and_then(|r| r.lock.as_ref()).map(|l| l.lease_id);
+                prop_assert_eq!(lock, Some(g.lease_id), "a grant answered for a lease that is not current");
+            }
+            if let Some(AcquireCmd { request_id, .. }) = cmd.acquire()
+                && !matches!(applied.outcome, Outcome::Rejected(Rejection::TenantLimit { .. }))
+            {
                 first_outcome.entry(request_id.clone()).or_insert(applied.outcome.clone());
             }
         }
@@ -706,6 +805,8 @@ fn retained_records_stay_compact() {
     use std::mem::size_of;
     assert_eq!(size_of::<LeaseId>(), 16);
     assert_eq!(std::mem::align_of::<LeaseId>(), 8, "a lease id must not force 16-byte alignment");
-    assert!(size_of::<(RequestKey, DedupRecord)>() <= 72);
+    // 72 bytes until the fingerprint of holder and ttl (8 bytes) let a
+    // retry that asks for something else be refused (issue 15).
+    assert!(size_of::<(RequestKey, DedupRecord)>() <= 80);
     assert!(size_of::<(LeaseId, EndedLease)>() <= 48);
 }

@@ -61,8 +61,13 @@ pub enum Rejection {
     NotHolder,
     /// The lease expired or was force-released.
     LeaseExpired,
-    /// The request id was first used for another resource.
-    RequestIdReused,
+    /// The request id was first used for another request.
+    RequestIdReused(Reuse),
+    /// The request id's acquire was granted, and that lease has ended
+    /// since (released, expired or force-released): the original grant,
+    /// which no longer holds the lock (I7 never answers an ended lease as
+    /// a live one).
+    LeaseEnded(EndedGrant),
     /// The request waited and its wait was cancelled before it was granted.
     WaitCancelled,
     /// A tenant limit: nothing changed, and nothing was recorded for the
@@ -75,6 +80,26 @@ pub enum Rejection {
     },
 }
 
+/// What a reused request id was first used for, unlike its retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reuse {
+    /// Another resource.
+    Resource,
+    /// The same resource, with another holder or ttl.
+    HolderOrTtl,
+}
+
+/// A grant whose lease ended after it was granted, as a retry of its
+/// request id learns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndedGrant {
+    /// The original grant.
+    pub grant: Grant,
+    /// Leader wall time of the entry that granted it (so the original
+    /// expiry is `granted_at_ms + ttl_ms`).
+    pub granted_at_ms: u64,
+}
+
 /// What happened to a queued request when its wait was cancelled.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CancelOutcome {
@@ -82,6 +107,8 @@ pub enum CancelOutcome {
     Cancelled,
     /// It had been promoted first: the caller holds the lock.
     AlreadyGranted(Grant),
+    /// It had been promoted, and that lease has ended since.
+    GrantEnded(EndedGrant),
     /// It is neither queued nor granted (unknown, or already cancelled).
     NotWaiting,
 }
@@ -147,7 +174,8 @@ impl Outcome {
             Self::Rejected(Rejection::TooManyWaiters { .. }) => "rejected: too many waiters",
             Self::Rejected(Rejection::NotHolder) => "rejected: not holder",
             Self::Rejected(Rejection::LeaseExpired) => "rejected: lease expired",
-            Self::Rejected(Rejection::RequestIdReused) => "rejected: request id reused",
+            Self::Rejected(Rejection::RequestIdReused(_)) => "rejected: request id reused",
+            Self::Rejected(Rejection::LeaseEnded(_)) => "rejected: the grant's lease has ended",
             Self::Rejected(Rejection::WaitCancelled) => "rejected: wait cancelled",
             Self::Rejected(Rejection::TenantLimit { .. }) => "rejected: tenant limit",
             Self::Renewed { .. } => "renewed",
@@ -157,6 +185,7 @@ impl Outcome {
             Self::Expired { expired: false } => "not expired (renewed meanwhile)",
             Self::WaitCancel(CancelOutcome::Cancelled) => "wait cancelled",
             Self::WaitCancel(CancelOutcome::AlreadyGranted(_)) => "wait already granted",
+            Self::WaitCancel(CancelOutcome::GrantEnded(_)) => "wait granted, lease ended since",
             Self::WaitCancel(CancelOutcome::NotWaiting) => "not waiting",
             Self::ForceReleased { released_token: Some(_) } => "force-released",
             Self::ForceReleased { released_token: None } => "force-release of a free lock",

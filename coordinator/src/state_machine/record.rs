@@ -194,7 +194,17 @@ impl DedupOutcome {
 
 /// A dedup record: the outcome of a request id. Kept compact (one is kept
 /// per acquire for the retention period): the resource is remembered only as
-/// a [`ResourceHash`], enough to refuse a request id reused elsewhere.
+/// a [`ResourceHash`], and the holder and ttl asked for as an
+/// [`AcquireFingerprint`], enough to refuse a request id reused for another
+/// request.
+///
+/// Stored (state file, snapshots) as postcard in two versions: version 1 is
+/// `resource, outcome, at_ms`; version 2 appends the fingerprint. A record
+/// without a fingerprint (written by a version before 2, or applied by one)
+/// is stored as version 1, so its bytes stay what they were; a version-1
+/// reader ignores the appended bytes (postcard reads a value's prefix), so
+/// nodes of both versions read each other's records and snapshots
+/// ([`DedupRecord::to_stored`], [`DedupRecord::from_stored`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DedupRecord {
     /// Which resource the request id was used for.
@@ -204,6 +214,57 @@ pub struct DedupRecord {
     /// Leader wall time of the entry that last changed the outcome (first
     /// seen, promoted or cancelled); retention counts from it.
     pub at_ms: u64,
+    /// The holder and ttl the request asked for (version 2);
+    /// [`AcquireFingerprint::UNKNOWN`] for a record from before.
+    #[serde(skip)]
+    pub fingerprint: AcquireFingerprint,
+}
+
+impl DedupRecord {
+    /// The stored bytes: version 1, plus the fingerprint when known (version 2).
+    pub fn to_stored(&self) -> postcard::Result<Vec<u8>> {
+        let mut bytes = postcard::to_stdvec(self)?;
+        if self.fingerprint != AcquireFingerprint::UNKNOWN {
+            bytes.extend(postcard::to_stdvec(&self.fingerprint.0)?);
+        }
+        Ok(bytes)
+    }
+
+    /// A record read back from its stored bytes, of either version.
+    pub fn from_stored(bytes: &[u8]) -> postcard::Result<Self> {
+        let (mut record, rest): (Self, _) = postcard::take_from_bytes(bytes)?;
+        if !rest.is_empty() {
+            let (fingerprint, rest): (u64, _) = postcard::take_from_bytes(rest)?;
+            if !rest.is_empty() {
+                return Err(postcard::Error::DeserializeBadEncoding);
+            }
+            record.fingerprint = AcquireFingerprint(fingerprint);
+        }
+        Ok(record)
+    }
+}
+
+/// What an acquire asked for besides its resource (holder and ttl), as a
+/// stable 64-bit FNV-1a hash: a retry that asks for something else is not
+/// a retry (REQUEST_ID_REUSED). Not a secret and not collision-proof: it
+/// catches a request id reused by mistake, it does not authenticate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AcquireFingerprint(pub u64);
+
+impl AcquireFingerprint {
+    /// Not recorded (a record from before version 2): not compared.
+    pub const UNKNOWN: Self = Self(0);
+
+    /// The fingerprint of an acquire of `holder` for `ttl_ms`; never
+    /// [`Self::UNKNOWN`].
+    pub fn of(holder: &Holder, ttl_ms: u64) -> Self {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in holder.as_str().bytes().chain([0xff]).chain(ttl_ms.to_le_bytes()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        Self(h.max(1))
+    }
 }
 
 /// A stable 64-bit FNV-1a hash of a resource name: the same on every node and

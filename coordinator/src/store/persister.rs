@@ -73,7 +73,10 @@ pub(super) fn gather(state: &LockState, changes: Changes) -> io::Result<Writes> 
         w.resources.push((name.as_str().to_string(), value));
     }
     for key in changes.dedup_put {
-        let value = state.dedup_by_key(&key).map(encode).transpose()?;
+        let value = state
+            .dedup_by_key(&key)
+            .map(|r| r.to_stored().map_err(|e| io_err("encode dedup record", e)))
+            .transpose()?;
         w.dedup.push((key.to_u128(), value));
     }
     for key in changes.dedup_del {

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::codec::{decode, io_err};
 use super::{LogIdT, Membership};
-use crate::state_machine::{LockState, RequestKey};
+use crate::state_machine::{DedupRecord, LockState, RequestKey};
 use crate::types::{LeaseId, ResourceName};
 use fencer_token::KeyId;
 
@@ -148,7 +148,9 @@ pub(super) fn state_from_dump(dump: &TableDump) -> io::Result<LockState> {
     }
     let mut dedup = BTreeMap::new();
     for (k, v) in &dump.dedup {
-        dedup.insert(RequestKey::from_u128(*k), decode(v, "dedup record")?);
+        let record = DedupRecord::from_stored(v)
+            .map_err(|e| io_err("decode dedup record", format!("{e} ({} bytes)", v.len())))?;
+        dedup.insert(RequestKey::from_u128(*k), record);
     }
     let mut ended = BTreeMap::new();
     for (k, v) in &dump.ended {

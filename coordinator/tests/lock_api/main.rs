@@ -7,3 +7,5 @@
 //! the fixtures are `fencer_testkit`'s. docs/testing.md maps every test.
 
 mod t20_lock_api;
+mod t36_json_api;
+mod t37_connections;

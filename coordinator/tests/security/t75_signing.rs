@@ -46,7 +46,7 @@ async fn acquire(c: &Cluster, n: u64, resource: &str, request_id: &str) -> Acqui
     let req = AcquireRequest {
         resource: resource.into(),
         request_id: request_id.into(),
-        ttl_ms: 5_000,
+        ttl_ms: Some(5_000),
         wait_timeout_ms: 0,
         holder: "t70".into(),
     };
@@ -104,7 +104,7 @@ async fn t76_tokens_of_a_new_leader_after_failover_verify_with_the_keys_exported
         let req = AcquireRequest {
             resource: "db/b".into(),
             request_id: "t71-request-2".into(),
-            ttl_ms: 5_000,
+            ttl_ms: Some(5_000),
             wait_timeout_ms: 0,
             holder: "t71".into(),
         };

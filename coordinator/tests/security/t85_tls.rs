@@ -63,7 +63,7 @@ fn acquire(resource: &str, request_id: &str) -> AcquireRequest {
     AcquireRequest {
         resource: resource.into(),
         request_id: request_id.into(),
-        ttl_ms: 5_000,
+        ttl_ms: Some(5_000),
         wait_timeout_ms: 0,
         holder: "t70".into(),
     }

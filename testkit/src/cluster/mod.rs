@@ -332,9 +332,11 @@ impl Cluster {
         let req = AcquireRequest {
             resource: resource.into(),
             request_id: request_id.into(),
-            ttl_ms,
+            ttl_ms: Some(ttl_ms),
             wait_timeout_ms: wait_ms,
-            holder: format!("{request_id}@{n}"),
+            // Not the node: a retry on another node is the same request
+            // (same holder and ttl), or it is refused REQUEST_ID_REUSED.
+            holder: format!("test/{request_id}"),
         };
         let sent = h.now();
         let r = self.client(n).acquire(req).await.map(|r| r.into_inner());
