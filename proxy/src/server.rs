@@ -51,6 +51,9 @@ pub enum StartError {
     /// The PostgreSQL front end could not be set up.
     #[error(transparent)]
     Postgres(#[from] crate::postgres::PostgresStartError),
+    /// The console's page token could not be drawn (no OS randomness).
+    #[error("the console's page token: {0}")]
+    Console(std::io::Error),
     /// Opening the store panicked or was cancelled.
     #[error("the epoch store could not be opened: {0}")]
     Internal(String),
@@ -215,7 +218,9 @@ pub async fn start_with_shutdown(
             }
             _ => unreachable!("prepared from the same configuration"),
         };
-    let admin_app = admin::router(core.clone(), probe);
+    let console = admin::Console::new(core.clone(), probe.clone()).map_err(StartError::Console)?;
+    let admin_app = admin::router(core.clone(), probe).merge(console.router());
+    let console_task = tokio::spawn(console.sample(shutdown.clone()));
     let admin_shutdown = shutdown.clone();
     let admin_task = tokio::spawn(async move {
         let served = axum::serve(admin_listener, admin_app.into_make_service_with_connect_info::<SocketAddr>())
@@ -232,6 +237,7 @@ pub async fn start_with_shutdown(
     let task = tokio::spawn(async move {
         let drained = accept_loop.run(accept_shutdown, grace, move |conn| serve(conn)).await;
         let _ = admin_task.await;
+        let _ = console_task.await;
         // A stop is clean only if nothing could still land upstream: every
         // connection finished and no resource is indeterminate.
         let clean = drained && !resources.any_indeterminate();

@@ -6,11 +6,15 @@
 //!
 //! - `errors`: [`AdminError`] and the one place it becomes a response.
 //! - `client`: [`AdminClient`](client::AdminClient), for the CLI.
+//! - `console`: the operator console at `/ui/` (its page is
+//!   `fencer_console`'s) and the sampler of its charts.
 
 mod client;
+mod console;
 mod errors;
 
 pub use self::client::{AdminClient, AdminClientError};
+pub(crate) use self::console::Console;
 pub(crate) use self::errors::AdminError;
 
 use std::net::SocketAddr;
