@@ -157,6 +157,8 @@ function renderChrome() {
       .filter(([, p]) => p.nav)
       .map(([name, p]) => h('a', { href: `#/${name}`, dataset: { page: name } }, p.title)),
   );
+  // The proxy's admin port takes no bearer token.
+  document.getElementById('auth-button').hidden = session.kind === 'proxy';
   const who = document.getElementById('who');
   fill(who, kind.who(session));
   fill(document.getElementById('footer'), `fencer ${session.version} · ${session.kind} · page token held in this page only`);
