@@ -49,7 +49,9 @@
 //! - `signing` — this node's token-signing keys (P7): kept in the data dir,
 //!   registered through the log, used to sign every grant.
 //! - `api` — gRPC and JSON front ends: `call` (what both do around a call),
-//!   `grpc`, `http`, and `errors`, the one error→status mapping.
+//!   `grpc`, `http`, and `errors`, the one error→status mapping; `console`,
+//!   the operator console's data endpoints under `/ui/api/` and the sampler
+//!   of its charts (the page itself is `fencer_console`'s).
 //! - `node` — assembling it all, bootstrap, leader duties, shutdown.
 //! - `metrics` — Prometheus metrics.
 //! - `audit` — the audit log: one JSON line per applied change, exactly once.

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::ClientTlsConfig;
 
-use crate::api::{AdminApi, LockApi, router, status_router, with_json_errors};
+use crate::api::{AdminApi, Console, LockApi, router, status_router, with_json_errors};
 use crate::audit::{AuditConfig, AuditLog};
 use crate::bootstrap::{self, ClusterId, Identity, PristineStep};
 use crate::clock::Clock;
@@ -503,11 +503,14 @@ impl Node {
             .max_decoding_message_size(MAX_RAFT_MESSAGE)
             .max_encoding_message_size(MAX_RAFT_MESSAGE),
         );
-        let app = with_json_errors(grpc.routes().into_axum_router().merge(router(
-            svc.clone(),
-            metrics.clone(),
-            auth.clone(),
-        )))
+        let console = Console::new(svc.clone(), metrics.clone(), auth.clone(), audit_dir.clone())
+            .map_err(|e| StartError::Config(format!("the console's page token: {e}")))?;
+        let app = with_json_errors(
+            grpc.routes()
+                .into_axum_router()
+                .merge(router(svc.clone(), metrics.clone(), auth.clone()))
+                .merge(console.router(true)),
+        )
         .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
         let (limits, refused) = (config.connections.clone(), metrics.connections_refused.clone());
         let server = tokio::spawn(crate::server::serve(
@@ -520,8 +523,10 @@ impl Node {
             SHUTDOWN_GRACE,
         ));
         let status_server = status_listener.map(|l| {
-            let app = with_json_errors(status_router(svc.clone(), metrics.clone(), auth.clone()))
-                .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
+            let app = with_json_errors(
+                status_router(svc.clone(), metrics.clone(), auth.clone()).merge(console.router(false)),
+            )
+            .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
             tokio::spawn(crate::server::serve(l, app, None, limits, refused, shutdown_rx.clone(), SHUTDOWN_GRACE))
         });
 
@@ -577,6 +582,7 @@ impl Node {
         tasks.push(tokio::spawn(duties.run(events_rx, shutdown_rx.clone())));
         tasks.push(tokio::spawn(watch_metrics(raft.clone(), metrics.clone(), shutdown_rx.clone())));
         tasks.push(tokio::spawn(register_keys(svc.clone(), shutdown_rx.clone())));
+        tasks.push(tokio::spawn(console.sample(shutdown_rx.clone())));
 
         tracing::info!(
             node = config.node_id,

@@ -54,6 +54,9 @@ pub enum StartError {
     /// The admin token file is unusable.
     #[error(transparent)]
     AdminToken(#[from] admin::AdminTokenError),
+    /// The console's page token could not be drawn (no OS randomness).
+    #[error("the console's page token: {0}")]
+    Console(std::io::Error),
     /// Opening the store panicked or was cancelled.
     #[error("the epoch store could not be opened: {0}")]
     Internal(String),
@@ -224,7 +227,10 @@ pub async fn start_with_shutdown(
     if admin_token.is_none() && !admin_addr.ip().is_loopback() {
         tracing::warn!(admin = %admin_addr, "the admin API listens beyond loopback without authentication; set admin_token_file");
     }
-    let admin_app = admin::router(core.clone(), probe, admin_token);
+    let console =
+        admin::Console::new(core.clone(), probe.clone(), admin_token.is_some()).map_err(StartError::Console)?;
+    let admin_app = admin::router(core.clone(), probe, admin_token, &console);
+    let console_task = tokio::spawn(console.sample(shutdown.clone()));
     let admin_shutdown = shutdown.clone();
     let admin_task = tokio::spawn(async move {
         let served = axum::serve(admin_listener, admin_app.into_make_service_with_connect_info::<SocketAddr>())
@@ -241,6 +247,7 @@ pub async fn start_with_shutdown(
     let task = tokio::spawn(async move {
         let drained = accept_loop.run(accept_shutdown, grace, move |conn| serve(conn)).await;
         let _ = admin_task.await;
+        let _ = console_task.await;
         // A stop is clean only if nothing could still land upstream: every
         // connection finished and no resource is indeterminate.
         let clean = drained && !resources.any_indeterminate();

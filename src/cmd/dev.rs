@@ -109,6 +109,7 @@ pub(crate) async fn run(args: DevArgs, log: Arc<LogFilter>) -> anyhow::Result<Ex
         "\
 fencer dev — single-node coordinator (the embedded default)
   endpoint  {scheme}{addr}   gRPC, JSON over HTTP, /metrics, /livez, /readyz
+  console   {console}   the operator console, in a browser{console_note}
   data dir  {data}   locks and tokens survive restarts
   audit log {audit}   every change, one JSON line (fencer audit --data-dir …)
   cluster   {cluster} (node 1)
@@ -127,6 +128,12 @@ Try, in another terminal{flags}:
   {curl}
 Stop with Ctrl-C.",
         scheme = if pki.is_some() { "https://" } else { "" },
+        console = console_urls(node.local_addr(), pki.is_some(), node.status_addr()),
+        console_note = match (&pki, tenants) {
+            (Some(_), None) => " (import the client certificate and trust the CA)",
+            (_, Some(_)) => " (enter a tenant's bearer token in the page)",
+            (None, None) => "",
+        },
         data = data_dir.display(),
         audit = node.audit_dir().map_or_else(|| "off".to_string(), |d| d.display().to_string()),
         cluster = node.cluster_id(),
@@ -134,4 +141,14 @@ Stop with Ctrl-C.",
     super::shutdown_signal().await;
     node.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The console's address on the node's port and, when set, on the status
+/// port (always plaintext, read only).
+fn console_urls(addr: SocketAddr, tls: bool, status: Option<SocketAddr>) -> String {
+    let main = format!("{}://{addr}/ui/", if tls { "https" } else { "http" });
+    match status {
+        Some(s) => format!("{main} (read only: http://{s}/ui/)"),
+        None => main,
+    }
 }

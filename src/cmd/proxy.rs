@@ -252,6 +252,7 @@ pub(crate) async fn run_proxy(args: ProxyArgs, log: Arc<LogFilter>) -> anyhow::R
     // request can never meet SIGHUP's default action (terminate).
     let hangups = hangup_signals();
     let handle = fencer_proxy::start_with_shutdown(config, args.floor, super::shutdown_signal()).await?;
+    tracing::info!(console = %format!("http://{}/ui/", handle.admin_addr()), "operator console on the admin port");
     let reload = tokio::spawn(reload_keys_on_sighup(hangups, handle.key_reloader()));
     handle.wait().await;
     reload.abort();

@@ -40,6 +40,10 @@
 //!   history answer.
 //! - [`proxy_config`] — the proxy's TOML configuration, built.
 //!
+//! With the feature `browser` (fantoccini):
+//! - [`browser`] — a headless Chromium driven through chromedriver, the
+//!   network blocked but for loopback, for the operator console's tests.
+//!
 //! With the feature `postgres` (tokio-postgres):
 //! - [`postgres`] — a throwaway PostgreSQL server with the roles the
 //!   PostgreSQL sidecar's tests use, and client helpers.
@@ -68,6 +72,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "browser")]
+pub mod browser;
 pub mod external;
 pub mod history;
 pub mod http;

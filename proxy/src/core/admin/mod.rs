@@ -7,17 +7,21 @@
 //! - `errors`: [`AdminError`] and the one place it becomes a response.
 //! - `client`: [`AdminClient`](client::AdminClient), for the CLI.
 //! - `auth`: the bearer token.
+//! - `console`: the operator console at `/ui/` (its page is
+//!   `fencer_console`'s) and the sampler of its charts.
 //! - `extract`: request checks whose refusals are [`AdminError`]s, and the
 //!   bounds on operator text.
 
 mod auth;
 mod client;
+mod console;
 mod errors;
 mod extract;
 
 pub(crate) use self::auth::AdminToken;
 pub use self::auth::{AdminTokenError, MAX_ADMIN_TOKEN_BYTES, MIN_ADMIN_TOKEN_BYTES, admin_token_from_env};
 pub use self::client::{ADMIN_TOKEN_FILE_ENV, AdminClient, AdminClientError};
+pub(crate) use self::console::Console;
 pub(crate) use self::errors::AdminError;
 use self::extract::{AdminJson, AdminQuery, operator_text};
 pub use self::extract::{MAX_ADMIN_BODY_BYTES, MAX_ADMIN_HEAD_BYTES, MAX_ADMIN_HEADERS, MAX_OPERATOR_TEXT_BYTES};
@@ -121,6 +125,7 @@ pub(crate) fn router(
     shared: Arc<FenceCore>,
     upstream: Arc<dyn UpstreamProbe>,
     token: Option<AdminToken>,
+    console: &Console,
 ) -> axum::Router {
     let router = axum::Router::new()
         .route("/livez", get(|| async { "ok\n" }))
@@ -136,14 +141,17 @@ pub(crate) fn router(
         .fallback(extract::no_such_path)
         .method_not_allowed_fallback(extract::no_such_method)
         .layer(DefaultBodyLimit::max(MAX_ADMIN_BODY_BYTES))
-        .with_state(AdminState { shared, upstream });
+        .with_state(AdminState { shared, upstream })
+        // The console's data and actions: behind the same token as the API.
+        .merge(console.api());
     // Outermost, so first: the head limits, then the token, then the
     // routes and their extractors.
     let router = match token {
         Some(token) => router.layer(axum::middleware::from_fn_with_state(token, auth::require_token)),
         None => router,
     };
-    router.layer(axum::middleware::from_fn(extract::head_limits))
+    // The console's page and scripts need no token: the page asks for it.
+    router.merge(console.assets()).layer(axum::middleware::from_fn(extract::head_limits))
 }
 
 fn page_limit(limit: Option<usize>) -> Result<usize, AdminError> {
