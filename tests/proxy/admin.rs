@@ -182,6 +182,10 @@ async fn t113_the_admin_token_guards_the_admin_api() {
         (Method::GET, "/metrics", ""),
         (Method::POST, "/v1/raise-epoch", r#"{"resource":"a","epoch":5,"reason":"r"}"#),
         (Method::GET, "/v1/nope", ""),
+        // The console's data sits behind the same token.
+        (Method::GET, "/ui/api/session", ""),
+        (Method::GET, "/ui/api/resources", ""),
+        (Method::GET, "/ui/api/rejections", ""),
     ] {
         for auth in [None, Some("Bearer not-the-token-at-all-00"), Some(TOKEN)] {
             let header;
@@ -202,6 +206,9 @@ async fn t113_the_admin_token_guards_the_admin_api() {
         let (got, _) = p.send(Method::GET, probe, &[], "").await;
         assert_eq!(got, Status::OK, "{probe} needs no token");
     }
+    // The console's page itself loads without it (and then asks for it).
+    let page = TestClient::new().send(p.admin(), Method::GET, "/ui/", &[], String::new()).await.unwrap();
+    assert_eq!(page.status, Status::OK, "the console page needs no token");
     let without = AdminClient::new(&p.admin().to_string(), SOON).unwrap();
     assert!(without.resources(None, 1).await.unwrap_err().to_string().contains("401"));
     let with = without.with_token_file(&p.dir.path().join("token")).unwrap();
