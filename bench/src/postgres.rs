@@ -272,7 +272,8 @@ pub(crate) async fn run_postgres(fencer_bin: &Path, base: &Path, plan: &PgBenchP
     let mut sidecar = Proc::try_spawn(
         "fencer proxy --protocol postgres",
         Command::new(fencer_bin)
-            .args(["proxy", "--protocol", "postgres", "--resource", "pg/bench"])
+            // A new data dir needs a floor (P10); the bench's tokens are 1.
+            .args(["proxy", "--protocol", "postgres", "--resource", "pg/bench", "--floor", "1"])
             .arg("--listen")
             .arg(listen.to_string())
             .arg("--upstream")
