@@ -72,6 +72,24 @@ pub enum Frontend {
 }
 
 impl ProxyConfig {
+    /// The flag forms' configuration: `frontend` with every other setting
+    /// at its default.
+    pub(crate) fn with_defaults(listen: SocketAddr, data_dir: PathBuf, admin: SocketAddr, frontend: Frontend) -> Self {
+        Self {
+            listen,
+            data_dir,
+            admin,
+            admin_token_file: None,
+            max_epoch_jump: DEFAULT_MAX_EPOCH_JUMP,
+            signing: None,
+            tls: None,
+            timeouts: Timeouts::default(),
+            limits: Limits::default(),
+            frontend,
+            log_control: None,
+        }
+    }
+
     /// The HTTP front end's settings, when this is an HTTP proxy.
     pub fn http(&self) -> Option<&HttpConfig> {
         match &self.frontend {

@@ -610,20 +610,13 @@ pub fn pg_frames(data: &[u8]) {
                     match parse_startup(Bytes::copy_from_slice(packet)) {
                         Ok(Startup::Message { version, params, raw }) => {
                             assert_eq!(raw.as_ref(), packet);
-                            let mut again = Vec::with_capacity(len);
-                            again.extend_from_slice(&[0; 4]);
-                            again.extend_from_slice(&version.to_be_bytes());
                             for (k, v) in &params {
                                 assert!(!k.is_empty() && !k.contains('\0') && !v.contains('\0'));
-                                again.extend_from_slice(k.as_bytes());
-                                again.push(0);
-                                again.extend_from_slice(v.as_bytes());
-                                again.push(0);
                             }
-                            again.push(0);
-                            let n = again.len() as u32;
-                            again[..4].copy_from_slice(&n.to_be_bytes());
-                            assert_eq!(again, packet, "a StartupMessage re-encodes to its own bytes");
+                            let pairs: Vec<(&str, &str)> =
+                                params.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                            let again = startup_message(version, &pairs);
+                            assert_eq!(again.as_ref(), packet, "a StartupMessage re-encodes to its own bytes");
                         }
                         Ok(Startup::Cancel { raw, key, .. }) => {
                             assert_eq!(raw.as_ref(), packet);
@@ -778,12 +771,11 @@ pub fn pg_seeds() -> Vec<(&'static str, Vec<u8>)> {
 /// A startup packet followed by the messages of one extended-protocol
 /// round trip from both directions (with `startup`), or the messages alone.
 fn pg_frame_stream(startup: bool) -> Vec<u8> {
-    use crate::postgres::protocol::{Severity, error_response, message, parse, query, sasl_offer};
+    use crate::postgres::protocol::{Severity, error_response, message, parse, query, sasl_offer, startup_message};
     let mut out = Vec::new();
     if startup {
-        let params = b"\0\x03\0\0user\0app\0database\0shop\0options\0-c fencer.token=7\0\0";
-        out.extend_from_slice(&(params.len() as u32 + 4).to_be_bytes());
-        out.extend_from_slice(params);
+        let params = [("user", "app"), ("database", "shop"), ("options", "-c fencer.token=7")];
+        out.extend_from_slice(&startup_message(196_608, &params));
     }
     out.extend_from_slice(&query("SET fencer.token = 42; INSERT INTO t VALUES (1)"));
     out.extend_from_slice(&parse("s1", "UPDATE t SET a = $1"));

@@ -10,9 +10,7 @@ use http::{HeaderName, Method, Uri};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::config::{
-    ConfigError, DEFAULT_MAX_EPOCH_JUMP, Frontend, Limits, Locator, ProxyConfig, RawConfig, Timeouts, non_empty_path,
-};
+use crate::config::{ConfigError, Frontend, Locator, ProxyConfig, RawConfig, non_empty_path};
 use crate::core::names::ResourceName;
 use crate::http::routes::{PathPattern, ResourceTemplate, Route, RouteKind, Router, ValuePattern};
 
@@ -180,26 +178,15 @@ impl ProxyConfig {
         routes.push(
             Route::new("all".into(), None, all, vec![], vec![], Some(fixed), RouteKind::Write).expect("constant route"),
         );
-        Ok(Self {
-            listen: args.listen,
-            data_dir: args.data_dir,
-            admin: args.admin,
-            admin_token_file: None,
-            max_epoch_jump: DEFAULT_MAX_EPOCH_JUMP,
-            signing: None,
-            tls: None,
-            timeouts: Timeouts::default(),
-            limits: Limits::default(),
-            frontend: Frontend::Http(HttpConfig {
-                upstream,
-                token_header: HeaderName::from_static("fencing-token"),
-                resource_header: HeaderName::from_static("fencing-resource"),
-                request_id_header: HeaderName::from_static("x-request-id"),
-                upstream_tls: None,
-                router: Router::new(routes),
-            }),
-            log_control: None,
-        })
+        let frontend = Frontend::Http(HttpConfig {
+            upstream,
+            token_header: HeaderName::from_static("fencing-token"),
+            resource_header: HeaderName::from_static("fencing-resource"),
+            request_id_header: HeaderName::from_static("x-request-id"),
+            upstream_tls: None,
+            router: Router::new(routes),
+        });
+        Ok(Self::with_defaults(args.listen, args.data_dir, args.admin, frontend))
     }
 }
 

@@ -10,10 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::config::{
-    ConfigError, DEFAULT_MAX_EPOCH_JUMP, Frontend, Limits, Locator, ProxyConfig, RawConfig, Timeouts, non_empty_path,
-    parse_duration,
-};
+use crate::config::{ConfigError, Frontend, Locator, ProxyConfig, RawConfig, non_empty_path, parse_duration};
 use crate::core::names::ResourceName;
 
 /// Where the protected PostgreSQL listens (G9: loopback or a unix socket).
@@ -397,19 +394,8 @@ impl ProxyConfig {
         let upstream = parse_address(&args.upstream).map_err(flag("--upstream"))?;
         check_upstream(args.listen, &upstream, false).map_err(flag("--upstream"))?;
         let resource = PgResource::parse(&args.resource).map_err(flag("--resource"))?;
-        Ok(Self {
-            listen: args.listen,
-            data_dir: args.data_dir,
-            admin: args.admin,
-            admin_token_file: None,
-            max_epoch_jump: DEFAULT_MAX_EPOCH_JUMP,
-            signing: None,
-            tls: None,
-            timeouts: Timeouts::default(),
-            limits: Limits::default(),
-            frontend: Frontend::Postgres(PostgresConfig::new(upstream, resource)),
-            log_control: None,
-        })
+        let frontend = Frontend::Postgres(PostgresConfig::new(upstream, resource));
+        Ok(Self::with_defaults(args.listen, args.data_dir, args.admin, frontend))
     }
 }
 

@@ -401,6 +401,25 @@ pub(crate) fn parse(name: &str, text: &str) -> Bytes {
     message(b'P', &body)
 }
 
+/// A StartupMessage of `version` with `params` (the client's first
+/// packet; the sidecar never writes one, its tests and fuzz checks do).
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn startup_message(version: u32, params: &[(&str, &str)]) -> Bytes {
+    let mut body = BytesMut::new();
+    body.put_u32(0);
+    body.put_u32(version);
+    for (k, v) in params {
+        body.put_slice(k.as_bytes());
+        body.put_u8(0);
+        body.put_slice(v.as_bytes());
+        body.put_u8(0);
+    }
+    body.put_u8(0);
+    let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
+    body[..4].copy_from_slice(&len.to_be_bytes());
+    body.freeze()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,21 +427,7 @@ mod tests {
 
     const PROTOCOL_3_0: u32 = 196_608;
 
-    fn startup(version: u32, params: &[(&str, &str)]) -> Bytes {
-        let mut body = BytesMut::new();
-        body.put_u32(0);
-        body.put_u32(version);
-        for (k, v) in params {
-            body.put_slice(k.as_bytes());
-            body.put_u8(0);
-            body.put_slice(v.as_bytes());
-            body.put_u8(0);
-        }
-        body.put_u8(0);
-        let len = body.len() as u32;
-        body[..4].copy_from_slice(&len.to_be_bytes());
-        body.freeze()
-    }
+    use super::startup_message as startup;
 
     #[test]
     fn startup_packets_parse() {
