@@ -92,6 +92,8 @@ pub mod fault;
 #[cfg(feature = "fixtures")]
 pub mod grpc;
 #[cfg(feature = "fixtures")]
+pub mod log;
+#[cfg(feature = "fixtures")]
 pub mod node;
 #[cfg(feature = "fixtures")]
 pub mod proc_cluster;

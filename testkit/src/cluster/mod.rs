@@ -110,6 +110,7 @@ impl Cluster {
     /// The configs of `n` voters, none started: start them with
     /// [`restart`](Self::restart), in any order.
     pub async fn prepare(n: u64, tweak: impl Fn(&mut NodeConfig)) -> Self {
+        crate::log::init_from_env();
         let turn = ONE_AT_A_TIME.clone().acquire_owned().await.expect("the semaphore is never closed");
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
