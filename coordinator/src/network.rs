@@ -139,7 +139,7 @@ impl PeerClient {
 
     fn payload<T: Serialize>(&self, value: &T) -> Result<RaftPayload, RPCError<TypeConfig>> {
         let data = encode(value).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        Ok(RaftPayload { cluster_id: self.cluster_id.to_text(), from: self.from, data })
+        Ok(RaftPayload { cluster_id: self.cluster_id.to_text(), from: self.from, to: self.target, data })
     }
 
     /// Sends one unary RPC with the faults applied and decodes the reply.
@@ -231,13 +231,12 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         let header =
             encode(&(vote, snapshot.meta.clone())).map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         let data = snapshot.snapshot.into_inner();
-        let (cluster_id, from) = (self.cluster_id.to_text(), self.from);
-        let mut chunks: Vec<SnapshotChunk> = data
-            .chunks(SNAPSHOT_CHUNK)
-            .map(|c| SnapshotChunk { cluster_id: cluster_id.clone(), from, header: Vec::new(), data: c.to_vec() })
-            .collect();
+        let (cluster_id, from, to) = (self.cluster_id.to_text(), self.from, self.target);
+        let chunk =
+            |data: Vec<u8>| SnapshotChunk { cluster_id: cluster_id.clone(), from, to, header: Vec::new(), data };
+        let mut chunks: Vec<SnapshotChunk> = data.chunks(SNAPSHOT_CHUNK).map(|c| chunk(c.to_vec())).collect();
         if chunks.is_empty() {
-            chunks.push(SnapshotChunk { cluster_id, from, header: Vec::new(), data: Vec::new() });
+            chunks.push(chunk(Vec::new()));
         }
         chunks[0].header = header;
         let mut client = self.client().map_err(to_streaming)?;
@@ -299,7 +298,10 @@ impl RaftService {
         Ok(())
     }
 
-    fn check(&self, cluster_id: &str, from: NodeId) -> Result<(), Status> {
+    /// Refuses a message of another cluster, one sent to another node, one
+    /// claiming to come from this node, and every message before this node
+    /// joined a cluster. `to` is 0 from a sender that does not say.
+    fn check(&self, cluster_id: &str, from: NodeId, to: NodeId) -> Result<(), Status> {
         let Some(ours) = self.cluster_id.get() else {
             return Err(Status::failed_precondition(format!(
                 "node {} has not joined a cluster yet (it greets its peers and adopts their cluster)",
@@ -313,13 +315,34 @@ impl RaftService {
                 self.node_id
             )));
         }
-        Ok(())
+        misrouted(self.node_id, from, to).map_err(|why| {
+            tracing::error!(from, to, me = self.node_id, "refusing a misrouted raft message: {why}");
+            Status::failed_precondition(why)
+        })
     }
 
     fn reply<T: Serialize>(&self, result: Result<T, String>) -> Result<Response<RaftPayload>, Status> {
         let data = encode(&result).map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(RaftPayload { cluster_id: self.cluster_id.to_text(), from: self.node_id, data }))
+        Ok(Response::new(RaftPayload { cluster_id: self.cluster_id.to_text(), from: self.node_id, to: 0, data }))
     }
+}
+
+/// Why node `me` must not take a raft message that says it comes from
+/// `from` and is meant for `to` (0: not said): the peer lists disagree
+/// about which address is which node, and acting on it could make a node
+/// follow its own leadership.
+fn misrouted(me: NodeId, from: NodeId, to: NodeId) -> Result<(), String> {
+    if to != 0 && to != me {
+        return Err(format!(
+            "a raft message for node {to} from node {from} reached node {me}: node {from}'s peer list gives node {to} this node's address"
+        ));
+    }
+    if from == me {
+        return Err(format!(
+            "a raft message claims to come from node {me}, which is this node: two nodes run with node id {me}, or a peer list gives another node this node's address"
+        ));
+    }
+    Ok(())
 }
 
 fn bad_payload(e: std::io::Error) -> Status {
@@ -331,7 +354,7 @@ impl RaftRpc for RaftService {
     async fn append_entries(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         self.authenticate(&request)?;
         let p = request.into_inner();
-        self.check(&p.cluster_id, p.from)?;
+        self.check(&p.cluster_id, p.from, p.to)?;
         let req: AppendEntriesRequest<TypeConfig> = decode(&p.data, "append_entries").map_err(bad_payload)?;
         self.reply(self.raft.append_entries(req).await.map_err(|e| e.to_string()))
     }
@@ -339,7 +362,7 @@ impl RaftRpc for RaftService {
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         self.authenticate(&request)?;
         let p = request.into_inner();
-        self.check(&p.cluster_id, p.from)?;
+        self.check(&p.cluster_id, p.from, p.to)?;
         let req: VoteRequest<TypeConfig> = decode(&p.data, "vote").map_err(bad_payload)?;
         self.reply(self.raft.vote(req).await.map_err(|e| e.to_string()))
     }
@@ -347,7 +370,7 @@ impl RaftRpc for RaftService {
     async fn transfer_leader(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         self.authenticate(&request)?;
         let p = request.into_inner();
-        self.check(&p.cluster_id, p.from)?;
+        self.check(&p.cluster_id, p.from, p.to)?;
         let req: TransferLeaderRequest<TypeConfig> = decode(&p.data, "transfer_leader").map_err(bad_payload)?;
         self.reply(self.raft.handle_transfer_leader(req).await.map_err(|e| e.to_string()))
     }
@@ -362,7 +385,7 @@ impl RaftRpc for RaftService {
         let mut data = Vec::new();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
-            self.check(&chunk.cluster_id, chunk.from)?;
+            self.check(&chunk.cluster_id, chunk.from, chunk.to)?;
             if header.is_none() {
                 header = Some(decode(&chunk.header, "snapshot header").map_err(bad_payload)?);
             }
@@ -380,7 +403,7 @@ impl RaftRpc for RaftService {
     async fn register_signing_key(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         self.authenticate(&request)?;
         let p = request.into_inner();
-        self.check(&p.cluster_id, p.from)?;
+        self.check(&p.cluster_id, p.from, p.to)?;
         let reg: crate::signing::KeyRegistration = decode(&p.data, "register_signing_key").map_err(bad_payload)?;
         if !self.svc.is_member(p.from) {
             return Err(Status::permission_denied(format!("node {} is not a member of this cluster", p.from)));
@@ -405,5 +428,21 @@ impl RaftRpc for RaftService {
             tracing::error!(from = r.from, theirs = %r.cluster_id, %ours, "a node of another cluster greeted this one; check --peers and the data dirs");
         }
         Ok(Response::new(HelloResponse { cluster_id: ours, node_id: self.node_id }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::misrouted;
+
+    #[test]
+    fn a_message_for_another_node_or_from_itself_is_misrouted() {
+        assert_eq!(misrouted(2, 1, 2), Ok(()));
+        assert_eq!(misrouted(2, 1, 0), Ok(()), "a sender that does not say `to` is taken");
+        let e = misrouted(2, 1, 3).unwrap_err();
+        assert!(e.contains("for node 3 from node 1 reached node 2"), "{e}");
+        let e = misrouted(2, 2, 2).unwrap_err();
+        assert!(e.contains("claims to come from node 2"), "{e}");
+        assert!(misrouted(2, 2, 0).is_err());
     }
 }

@@ -92,9 +92,9 @@ impl LockService {
         let leader = {
             let m = self.inner.raft.metrics();
             let m = openraft::rt::watch::WatchReceiver::borrow_watched(&m);
-            m.current_leader.and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.addr.clone()))
+            m.current_leader.and_then(|l| m.membership_config.membership().get_node(&l).map(|n| (l, n.addr.clone())))
         };
-        let Some(addr) = leader else {
+        let Some((leader_id, addr)) = leader else {
             return Err(LockError::NotLeader { leader_id: None, leader_addr: None });
         };
         let registration = KeyRegistration { kid, public_key, not_before_unix_ms };
@@ -103,7 +103,7 @@ impl LockService {
             .map_err(|e| LockError::Internal(format!("leader address {addr:?}: {e}")))?
             .connect_timeout(Duration::from_millis(500))
             .connect_lazy();
-        let payload = RaftPayload { cluster_id: self.inner.cluster.to_text(), from: me, data };
+        let payload = RaftPayload { cluster_id: self.inner.cluster.to_text(), from: me, to: leader_id, data };
         let mut client = RaftClient::new(channel);
         let call = client.register_signing_key(payload);
         let reply = match tokio::time::timeout(self.policy().write_timeout, call).await {

@@ -198,3 +198,40 @@ async fn t52_a_dead_node_is_replaced_add_learner_promote_remove() {
     check_all(&h.ops());
     c.shutdown().await;
 }
+
+/// A raft message reaching a node it was not sent to (a peer list that
+/// gives one node another's address), or one that claims to come from the
+/// receiving node itself, is refused before raft sees it, with an error
+/// that names the nodes; the cluster carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t52_a_misrouted_raft_message_is_refused_and_named() {
+    use fencer_proto::raft::RaftPayload;
+    use fencer_proto::raft::raft_client::RaftClient;
+
+    let c = Cluster::start(3).await;
+    let leader = c.leader(TIMEOUT).await;
+    let follower = c.ids().into_iter().find(|n| *n != leader).unwrap();
+    let cluster_id = c.node(follower).cluster_id();
+    let mut raft = RaftClient::connect(format!("http://{}", c.addr(follower))).await.unwrap();
+    let send = |from: NodeId, to: NodeId| RaftPayload { cluster_id: cluster_id.clone(), from, to, data: Vec::new() };
+
+    let other = c.ids().into_iter().find(|n| *n != leader && *n != follower).unwrap();
+    let s = raft.append_entries(send(leader, other)).await.expect_err("a message for another node");
+    assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
+    assert!(
+        s.message().contains(&format!("for node {other} from node {leader} reached node {follower}")),
+        "the error names the nodes: {s:?}"
+    );
+    let s = raft.append_entries(send(follower, follower)).await.expect_err("a message from itself");
+    assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
+    assert!(s.message().contains(&format!("claims to come from node {follower}")), "{s:?}");
+    let s = raft.vote(send(follower, 0)).await.expect_err("a vote from itself, `to` not said");
+    assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
+
+    // Correctly addressed traffic goes on: the same leader, still granting.
+    assert_eq!(c.settled(TIMEOUT).await, leader);
+    let h = History::new();
+    c.acquire_any(&h, "route/a", "route-holder-0001", 5_000, 0).await.expect("the cluster still grants");
+    check_all(&h.ops());
+    c.shutdown().await;
+}
