@@ -497,7 +497,7 @@ struct Env<'a> {
 struct Before {
     at: Instant,
     procs: Vec<(u64, u32, Option<probe::ProcStats>)>,
-    metrics: Vec<(u64, std::collections::BTreeMap<String, probe::SumCount>)>,
+    metrics: Vec<(u64, probe::Scrape)>,
     bench: Option<probe::ProcStats>,
 }
 
@@ -558,14 +558,22 @@ async fn finish_run(run: &mut RunReport, before: &Before, nodes: &[(u64, std::ne
         let Some(b) = before.metrics.iter().find(|(n, _)| n == id).map(|(_, m)| m) else { continue };
         let Some(a) = probe::scrape(*addr).await else { continue };
         let mut fig = ServerFigures { node: *id, ..ServerFigures::default() };
-        for (name, after) in &a {
-            let prior = b.get(name).copied().unwrap_or_default();
+        for (name, after) in &a.histograms {
+            let prior = b.histograms.get(name).copied().unwrap_or_default();
             if let Some(mean) = after.mean_since(&prior) {
                 fig.means.insert(name.clone(), mean);
             }
             fig.counts.insert(name.clone(), after.count - prior.count);
         }
         run.server.push(fig);
+        if let Some(n) = run.nodes.iter_mut().find(|n| n.node == *id) {
+            n.leader_changes = a.leader_changes.zip(b.leader_changes).map(|(a, b)| (a - b).max(0.0) as u64);
+            n.leader = a.is_leader;
+        }
+    }
+    let ok_per_s = run.ok_per_s;
+    for n in &mut run.nodes {
+        n.cpu_us_per_op = (ok_per_s > 0.0).then(|| n.cpu_cores * 1e6 / ok_per_s);
     }
 }
 

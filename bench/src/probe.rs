@@ -52,10 +52,34 @@ pub(crate) fn parse_histograms(text: &str, names: &[&str]) -> BTreeMap<String, S
         .collect()
 }
 
-/// Scrapes one node's coordinator histograms.
-pub(crate) async fn scrape(addr: SocketAddr) -> Option<BTreeMap<String, SumCount>> {
+/// What one scrape of a node's `/metrics` says.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Scrape {
+    /// The histograms of [`COORDINATOR_HISTOGRAMS`] that it has.
+    pub(crate) histograms: BTreeMap<String, SumCount>,
+    /// `fencer_leader_changes_total`: leader changes this node has seen.
+    pub(crate) leader_changes: Option<f64>,
+    /// `fencer_raft_is_leader`.
+    pub(crate) is_leader: Option<bool>,
+}
+
+impl Scrape {
+    pub(crate) fn parse(text: &str) -> Self {
+        let scrape = Exposition::parse(text);
+        let exposed = scrape.names();
+        let value = |name: &str| exposed.contains(name).then(|| scrape.get(name));
+        Self {
+            histograms: parse_histograms(text, COORDINATOR_HISTOGRAMS),
+            leader_changes: value("fencer_leader_changes_total"),
+            is_leader: value("fencer_raft_is_leader").map(|v| v >= 1.0),
+        }
+    }
+}
+
+/// Scrapes one node's coordinator figures.
+pub(crate) async fn scrape(addr: SocketAddr) -> Option<Scrape> {
     match http_get(addr, "/metrics", Duration::from_secs(3)).await {
-        Ok((200, body)) => Some(parse_histograms(&body, COORDINATOR_HISTOGRAMS)),
+        Ok((200, body)) => Some(Scrape::parse(&body)),
         _ => None,
     }
 }
@@ -185,6 +209,20 @@ fencer_raft_commit_duration_seconds_count{op=\"b\"} 100
         let before = SumCount { sum: 1.0, count: 100.0 };
         assert_eq!(h["fencer_raft_commit_duration_seconds"].mean_since(&before), Some(0.02));
         assert_eq!(before.mean_since(&before), None);
+    }
+
+    #[test]
+    fn a_scrape_reads_leader_changes_and_the_role() {
+        let text = "\
+# TYPE fencer_leader_changes_total counter
+fencer_leader_changes_total 3
+# TYPE fencer_raft_is_leader gauge
+fencer_raft_is_leader 1
+";
+        let s = Scrape::parse(text);
+        assert_eq!((s.leader_changes, s.is_leader), (Some(3.0), Some(true)));
+        let s = Scrape::parse("fencer_raft_is_leader 0\n");
+        assert_eq!((s.leader_changes, s.is_leader), (None, Some(false)), "absent is absent, not 0");
     }
 
     #[test]

@@ -155,6 +155,14 @@ pub(crate) struct NodeReport {
     pub(crate) peak_rss_mb: f64,
     /// CPU seconds used during the measured phase ÷ its length.
     pub(crate) cpu_cores: f64,
+    /// CPU microseconds per successful lock operation of the whole
+    /// cluster (`cpu_cores` ÷ ok ops/s): what one operation costs this node.
+    pub(crate) cpu_us_per_op: Option<f64>,
+    /// Whether the node led at the end of the measured phase.
+    pub(crate) leader: Option<bool>,
+    /// Leader changes this node saw during the measured phase
+    /// (`fencer_leader_changes_total`).
+    pub(crate) leader_changes: Option<u64>,
 }
 
 impl NodeReport {
@@ -162,7 +170,14 @@ impl NodeReport {
         let mb = |b: u64| (b as f64 / (1024.0 * 1024.0) * 10.0).round() / 10.0;
         let after = after.unwrap_or_default();
         let cpu = before.map(|b| (after.cpu_seconds - b.cpu_seconds) / seconds).unwrap_or(0.0);
-        Self { node, pid, rss_mb: mb(after.rss_bytes), peak_rss_mb: mb(after.peak_rss_bytes), cpu_cores: cpu }
+        Self {
+            node,
+            pid,
+            rss_mb: mb(after.rss_bytes),
+            peak_rss_mb: mb(after.peak_rss_bytes),
+            cpu_cores: cpu,
+            ..Self::default()
+        }
     }
 }
 
@@ -612,22 +627,33 @@ impl Report {
         let _ = writeln!(o, "\n## Memory and CPU\n");
         let _ = writeln!(
             o,
-            "RSS at the end of the measured phase (the active set is held), peak RSS, and CPU cores used during it.\n"
+            "RSS at the end of the measured phase (the active set is held), peak RSS, CPU cores used during it, \
+             the node's CPU per successful operation of the whole cluster (µs/op), and the leader changes it saw.\n"
         );
-        let _ =
-            writeln!(o, "| system | scenario | node | RSS MB | peak RSS MB | CPU cores | load generator CPU cores |");
-        let _ = writeln!(o, "|---|---|--:|--:|--:|--:|--:|");
+        let _ = writeln!(
+            o,
+            "| system | scenario | node | role | RSS MB | peak RSS MB | CPU cores | CPU µs/op | leader changes | load generator CPU cores |"
+        );
+        let _ = writeln!(o, "|---|---|--:|---|--:|--:|--:|--:|--:|--:|");
         for r in with_nodes.iter().copied() {
             for n in &r.nodes {
+                let role = match n.leader {
+                    Some(true) => "leader",
+                    Some(false) => "follower",
+                    None => "—",
+                };
                 let _ = writeln!(
                     o,
-                    "| {} | {} | {} | {} | {} | {:.2} | {:.2} |",
+                    "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {:.2} |",
                     r.system,
                     scenario_label(r),
                     n.node,
+                    role,
                     n.rss_mb,
                     n.peak_rss_mb,
                     n.cpu_cores,
+                    n.cpu_us_per_op.map_or("—".into(), |c| format!("{c:.1}")),
+                    n.leader_changes.map_or("—".into(), |c| c.to_string()),
                     r.bench_cpu_cores
                 );
             }
