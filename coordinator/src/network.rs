@@ -321,6 +321,15 @@ impl RaftService {
         })
     }
 
+    /// Refuses an append, vote or snapshot request whose vote names this
+    /// node ([`own_vote`]), logging it.
+    fn not_mine(&self, what: &str, from: NodeId, vote: &Vote) -> Result<(), Status> {
+        own_vote(self.node_id, what, vote).map_err(|why| {
+            tracing::error!(from, me = self.node_id, %vote, "refusing a looped-back raft message: {why}");
+            Status::failed_precondition(why)
+        })
+    }
+
     fn reply<T: Serialize>(&self, result: Result<T, String>) -> Result<Response<RaftPayload>, Status> {
         let data = encode(&result).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(RaftPayload { cluster_id: self.cluster_id.to_text(), from: self.node_id, to: 0, data }))
@@ -345,6 +354,20 @@ fn misrouted(me: NodeId, from: NodeId, to: NodeId) -> Result<(), String> {
     Ok(())
 }
 
+/// Why node `me` must not hand raft a `what` request carrying `vote`: only
+/// `me` leads or campaigns under its own id, so a request with its vote is
+/// its own message looped back, or one from a second process running with
+/// its id. Raft must never see it: counting itself twice, a leader could
+/// commit without a real majority.
+fn own_vote(me: NodeId, what: &str, vote: &Vote) -> Result<(), String> {
+    if vote.leader_id().node_id != me {
+        return Ok(());
+    }
+    Err(format!(
+        "a raft {what} request with node {me}'s own vote {vote} reached node {me}: a second process runs with node id {me}, or a peer list gives another node this node's address"
+    ))
+}
+
 fn bad_payload(e: std::io::Error) -> Status {
     Status::invalid_argument(format!("undecodable raft payload: {e}"))
 }
@@ -356,6 +379,7 @@ impl RaftRpc for RaftService {
         let p = request.into_inner();
         self.check(&p.cluster_id, p.from, p.to)?;
         let req: AppendEntriesRequest<TypeConfig> = decode(&p.data, "append_entries").map_err(bad_payload)?;
+        self.not_mine("append_entries", p.from, &req.vote)?;
         self.reply(self.raft.append_entries(req).await.map_err(|e| e.to_string()))
     }
 
@@ -364,6 +388,7 @@ impl RaftRpc for RaftService {
         let p = request.into_inner();
         self.check(&p.cluster_id, p.from, p.to)?;
         let req: VoteRequest<TypeConfig> = decode(&p.data, "vote").map_err(bad_payload)?;
+        self.not_mine("vote", p.from, &req.vote)?;
         self.reply(self.raft.vote(req).await.map_err(|e| e.to_string()))
     }
 
@@ -383,9 +408,11 @@ impl RaftRpc for RaftService {
         let mut stream = request.into_inner();
         let mut header: Option<(Vote, SnapshotMeta)> = None;
         let mut data = Vec::new();
+        let mut from = 0;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
             self.check(&chunk.cluster_id, chunk.from, chunk.to)?;
+            from = chunk.from;
             if header.is_none() {
                 header = Some(decode(&chunk.header, "snapshot header").map_err(bad_payload)?);
             }
@@ -394,6 +421,7 @@ impl RaftRpc for RaftService {
         let Some((vote, meta)) = header else {
             return Err(Status::invalid_argument("empty snapshot stream"));
         };
+        self.not_mine("install_snapshot", from, &vote)?;
         let snapshot = Snapshot { meta, snapshot: Cursor::new(data) };
         self.reply(self.raft.install_full_snapshot(vote, snapshot).await.map_err(|e| e.to_string()))
     }
@@ -433,7 +461,16 @@ impl RaftRpc for RaftService {
 
 #[cfg(test)]
 mod tests {
-    use super::misrouted;
+    use super::{Vote, misrouted, own_vote};
+
+    #[test]
+    fn a_request_with_the_receivers_own_vote_is_refused() {
+        let vote = |term: u64, node: u64| Vote::new_committed(term, node);
+        assert_eq!(own_vote(2, "append_entries", &vote(3, 1)), Ok(()));
+        let e = own_vote(1, "append_entries", &vote(3, 1)).unwrap_err();
+        assert!(e.contains("node 1's own vote"), "{e}");
+        assert!(own_vote(1, "vote", &Vote::new(4, 1)).is_err(), "a campaign under this node's id");
+    }
 
     #[test]
     fn a_message_for_another_node_or_from_itself_is_misrouted() {

@@ -40,7 +40,7 @@ use tonic_types::StatusExt;
 use self::faults::{ClientFaults, FaultyChannel, NetFaults};
 use crate::grpc::answer_of;
 use crate::history::{Answer, Call, History, Op};
-use crate::{eventually, free_addr};
+use crate::{eventually, free_addr, free_ports};
 
 pub use crate::node::{ELECTION, HEARTBEAT};
 /// The longest election timeout: also the quorum lease.
@@ -115,7 +115,10 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
         let net = Arc::new(NetFaults::default());
-        let addrs: BTreeMap<NodeId, SocketAddr> = (1..=n).map(|id| (id, free_addr())).collect();
+        // Found together, so no two nodes are handed the same port.
+        let ports = free_ports(n as usize).expect("free loopback ports");
+        let addrs: BTreeMap<NodeId, SocketAddr> =
+            (1..=n).zip(ports).map(|(id, port)| (id, SocketAddr::from(([127, 0, 0, 1], port)))).collect();
         let peers: BTreeMap<NodeId, String> = addrs.iter().map(|(id, a)| (*id, a.to_string())).collect();
         let mut configs = BTreeMap::new();
         let mut nodes = BTreeMap::new();
