@@ -461,10 +461,12 @@ impl Node {
             max_in_snapshot_log_to_keep: 10_000.min(config.snapshot_every),
             purge_batch_size: (config.snapshot_every / 4).clamp(1, 1024),
             max_payload_entries: 1024,
-            // A node that cannot win (cut off, restarted with a stale log)
-            // asks first and does not bump the term: it never deposes a
-            // leader the others still follow.
-            enable_pre_vote: Some(true),
+            // Pre-Vote stays off for now (the PreVote RPC is served, so it
+            // can be turned on in a rolling upgrade): with it, a follower
+            // cut off from everyone keeps its old leader in its metrics and
+            // /readyz keeps answering ready (t54). Its readiness needs a
+            // leader-contact age first.
+            enable_pre_vote: Some(false),
             ..Default::default()
         }
         .validate()
