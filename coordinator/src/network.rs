@@ -452,7 +452,7 @@ impl RaftRpc for RaftService {
     async fn pre_vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         self.authenticate(&request)?;
         let p = request.into_inner();
-        self.check(&p.cluster_id, p.from)?;
+        self.check(&p.cluster_id, p.from, p.to)?;
         let req: VoteRequest<TypeConfig> = decode(&p.data, "pre_vote").map_err(bad_payload)?;
         self.reply(self.raft.pre_vote(req).await.map_err(|e| e.to_string()))
     }
