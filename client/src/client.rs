@@ -3,17 +3,28 @@
 //! These are single calls. [`Client::acquire`] (module `acquire`) builds on
 //! them: retries of unknown outcomes, then a renewed [`crate::Lease`].
 //!
-//! Every call goes to the last node that answered as leader, else to the
-//! endpoints in order. NOT_LEADER with an address moves the call to that
-//! address; NOT_LEADER without one (an election is running) and transport
-//! failures move it to the next endpoint after a short pause. The number of
-//! attempts is bounded. Every operation of the API is safe to resend: Acquire
-//! carries a request id (generated here when the caller gives none, and kept
-//! across attempts), Renew and Release are idempotent.
+//! Every call goes to the last node that answered as leader. When no leader
+//! is known, or that node fails (its connection breaks, it has no quorum, it
+//! is stopping), the call goes to every other endpoint at once, naming the
+//! nodes it could not use in the `fencer-unreachable` header: a follower
+//! that knows no leader, or only one of those, holds the call until a new
+//! leader is known (the node that becomes leader serves it, the others answer
+//! NOT_LEADER with its address, which is followed at once). A round in which
+//! every call ended without an answer is followed by a short pause. A call
+//! keeps trying until its timeout. Every operation of the API is safe to
+//! resend: Acquire carries a request id (generated here when the caller gives
+//! none, and kept across attempts), Renew and Release are idempotent.
+//!
+//! Connections are HTTP/2 with keep-alive pings, so a connection to a node
+//! that vanished without closing it (a crashed host, a stopped process) fails
+//! within [`KEEP_ALIVE_INTERVAL`] + [`KEEP_ALIVE_TIMEOUT`] instead of hanging
+//! until the call's timeout.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use fencer_proto::UNREACHABLE_HEADER;
 
 use fencer_proto::v1::admin_client::AdminClient;
 use fencer_proto::v1::lock_client::LockClient;
@@ -24,6 +35,8 @@ use fencer_proto::v1::{
     RetireSigningKeyRequest, RetireSigningKeyResponse, RotateSigningKeyRequest, RotateSigningKeyResponse,
     StatusRequest, StatusResponse,
 };
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -33,6 +46,19 @@ use crate::error::{ClientError, Reason};
 
 /// Bound on one TLS handshake with a coordinator.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on one TCP connect to a coordinator.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// An HTTP/2 ping goes out on every connection this often, even when idle…
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// …and a connection whose ping is not answered within this is closed: its
+/// calls fail at once and are routed elsewhere (a node that is alive answers
+/// pings even when it is busy; a stopped or vanished one does not).
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often one routed call is resent to the same node after an unknown
+/// outcome before that node counts as unusable.
+const MAX_RESENDS: usize = 2;
+/// Nodes named in one `fencer-unreachable` header, at most.
+const MAX_UNREACHABLE_NAMED: usize = 8;
 
 /// The endpoint of `fencer dev`.
 pub const DEFAULT_ENDPOINT: &str = "127.0.0.1:7420";
@@ -78,7 +104,6 @@ struct Inner {
     endpoints: Vec<String>,
     state: Mutex<State>,
     call_timeout: Duration,
-    max_attempts: usize,
     tls: Option<ClientTlsConfig>,
     auth: Auth,
 }
@@ -150,8 +175,32 @@ impl ClientTls {
 struct State {
     channels: HashMap<String, Conn>,
     leader: Option<String>,
-    /// The endpoint to try first when no leader is known.
-    cursor: usize,
+}
+
+/// What one routed attempt carries besides its message: the nodes the call
+/// could not use as leader (`fencer-unreachable`), so that a follower still
+/// believing in one of them holds the call until it knows the next leader.
+pub(crate) struct Attempt {
+    unreachable: Option<MetadataValue<Ascii>>,
+}
+
+impl Attempt {
+    fn new(unusable: &[String]) -> Self {
+        let named: Vec<&str> = unusable.iter().take(MAX_UNREACHABLE_NAMED).map(String::as_str).collect();
+        // An address that is not a valid header value is left out: the
+        // follower then answers without waiting, which is only slower.
+        let unreachable = (!named.is_empty()).then(|| named.join(",").parse().ok()).flatten();
+        Self { unreachable }
+    }
+
+    /// `message` as a request carrying this attempt's metadata.
+    pub(crate) fn request<M>(&self, message: M) -> tonic::Request<M> {
+        let mut request = tonic::Request::new(message);
+        if let Some(v) = &self.unreachable {
+            request.metadata_mut().insert(UNREACHABLE_HEADER, v.clone());
+        }
+        request
+    }
 }
 
 impl Client {
@@ -169,12 +218,10 @@ impl Client {
         for e in &endpoints {
             endpoint(e, None)?;
         }
-        let max_attempts = 3 * endpoints.len() + 3;
         let inner = Inner {
             endpoints,
             state: Mutex::new(State::default()),
             call_timeout: Duration::from_secs(10),
-            max_attempts,
             tls: None,
             auth: Auth::default(),
         };
@@ -186,7 +233,6 @@ impl Client {
             endpoints: self.inner.endpoints.clone(),
             state: Mutex::new(State::default()),
             call_timeout: self.inner.call_timeout,
-            max_attempts: self.inner.max_attempts,
             tls: self.inner.tls.clone(),
             auth: self.inner.auth.clone(),
         };
@@ -194,8 +240,9 @@ impl Client {
         Self { inner: Arc::new(inner) }
     }
 
-    /// Sets the time one attempt may take beyond any requested wait. Call it
-    /// before cloning: clones made earlier keep the old value.
+    /// Sets the time one call may take beyond any requested wait, every
+    /// resend and the search for a new leader included (default 10 s). Call
+    /// it before cloning: clones made earlier keep the old value.
     pub fn with_call_timeout(self, timeout: Duration) -> Self {
         self.rebuilt(|i| i.call_timeout = timeout)
     }
@@ -245,85 +292,140 @@ impl Client {
         Ok(c)
     }
 
-    /// Runs `op` against the leader, following hints, within bounded attempts.
+    /// Runs `op` against the leader until it answers or the call's budget
+    /// (`call_timeout + extra` from now) is spent.
+    ///
+    /// The known leader is asked alone. When no leader is known, or the
+    /// leader fails (its connection breaks, it has no quorum, it is
+    /// stopping), every other endpoint is asked at once: followers hold the
+    /// call until they know a usable leader (the request names the nodes
+    /// this call found unusable), the new leader serves it, and a hint to a
+    /// node not asked yet is followed at once. Only when every call of a
+    /// round ended without an answer does the client pause before the next.
+    /// Resending is always safe: Acquire keeps its request id (I7), Renew and
+    /// Release are idempotent.
     async fn route<T, F, Fut>(&self, extra: Duration, op: F) -> Result<T, ClientError>
     where
-        F: Fn(Conn) -> Fut,
+        F: Fn(Conn, Attempt) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        // Start where the last failure left off, so a dead node is not the
-        // first one every call tries.
-        let (mut cursor, mut target) = {
-            let st = self.state();
-            (st.cursor, st.leader.clone())
+        let budget = self.inner.call_timeout + extra;
+        let deadline = tokio::time::Instant::now() + budget;
+        let endpoints = &self.inner.endpoints;
+        // Nodes this call found unusable as leader, in the order found.
+        let mut unusable: Vec<String> = Vec::new();
+        let mut in_flight: Vec<String> = Vec::new();
+        let mut resends = 0usize;
+        let call = |addr: String, unusable: &[String]| {
+            let attempt = Attempt::new(unusable);
+            let conn = self.channel(&addr);
+            let op = &op;
+            async move {
+                let result = match conn {
+                    Ok(c) => {
+                        op(c, attempt).await.map(tonic::Response::into_inner).map_err(|s| ClientError::from_status(&s))
+                    }
+                    // A hint naming an address that is not one: nobody to ask there.
+                    Err(e) => {
+                        Err(ClientError::Unavailable { reason: None, message: e.to_string(), metadata: HashMap::new() })
+                    }
+                };
+                (addr, result)
+            }
         };
-        let mut failed_in_round = 0usize;
+        let mut calls = FuturesUnordered::new();
+        let known = self.state().leader.clone();
+        let first: Vec<String> = match known {
+            Some(leader) => vec![leader],
+            None => endpoints.clone(),
+        };
+        for addr in first {
+            in_flight.push(addr.clone());
+            calls.push(call(addr, &unusable));
+        }
         let mut round = 0usize;
         let mut last =
-            ClientError::Unavailable { reason: None, message: "no endpoint tried".into(), metadata: HashMap::new() };
-        let endpoints = &self.inner.endpoints;
-        let call_timeout = self.inner.call_timeout;
-        for attempt in 0..self.inner.max_attempts {
-            let addr = match target.take() {
-                Some(a) => a,
-                None => {
-                    let a = endpoints[cursor % endpoints.len()].clone();
-                    cursor = cursor.wrapping_add(1);
-                    a
+            ClientError::Unavailable { reason: None, message: "no endpoint answered".into(), metadata: HashMap::new() };
+        loop {
+            if calls.is_empty() {
+                // Every call of this round ended without a usable answer.
+                let pause = backoff(round);
+                if tokio::time::Instant::now() + pause >= deadline {
+                    return Err(last);
                 }
-            };
-            let channel = self.channel(&addr)?;
-            let result = tokio::time::timeout(call_timeout + extra, op(channel)).await;
-            let err = match result {
-                Ok(Ok(resp)) => {
-                    tracing::debug!(attempt, %addr, "answered");
-                    self.state().leader = Some(addr);
-                    return Ok(resp.into_inner());
+                tokio::time::sleep(pause).await;
+                round += 1;
+                // Every endpoint again: a node that failed may be back.
+                for addr in endpoints {
+                    in_flight.push(addr.clone());
+                    calls.push(call(addr.clone(), &unusable));
                 }
-                Ok(Err(status)) => ClientError::from_status(&status),
-                Err(_) => ClientError::Unavailable {
+                continue;
+            }
+            let Ok(Some((addr, result))) = tokio::time::timeout_at(deadline, calls.next()).await else {
+                return Err(ClientError::Unavailable {
                     reason: None,
-                    message: format!("{addr} did not answer within {:?}", call_timeout + extra),
+                    message: format!("no node answered as leader within {budget:?} (last: {last})"),
                     metadata: HashMap::new(),
-                },
+                });
             };
-            tracing::debug!(attempt, %addr, error = %err, "call failed");
-            match &err {
-                ClientError::Refused { .. } => return Err(err),
-                ClientError::Unavailable { reason: Some(Reason::NotLeader), .. } => {
-                    let hint = leader_hint(&err);
-                    self.state().leader = hint.clone();
-                    if hint.is_none() || hint.as_deref() == Some(addr.as_str()) {
-                        // An election is running: ask again soon.
-                        tokio::time::sleep(backoff(attempt.min(3))).await;
-                    } else {
-                        target = hint;
-                    }
+            if let Some(i) = in_flight.iter().position(|a| *a == addr) {
+                in_flight.swap_remove(i);
+            }
+            let err = match result {
+                Ok(answer) => {
+                    tracing::debug!(%addr, "answered");
+                    self.state().leader = Some(addr);
+                    return Ok(answer);
                 }
-                ClientError::Unavailable { reason: Some(Reason::OutcomeUnknown | Reason::LeaderChanged), .. } => {
-                    // The server could not tell; the caller decides (same request id).
-                    return Err(err);
+                Err(e) => e,
+            };
+            tracing::debug!(%addr, error = %err, "call failed");
+            match &err {
+                ClientError::Refused { .. } | ClientError::Config(_) => return Err(err),
+                ClientError::Unavailable { reason: Some(Reason::NotLeader), .. } => match leader_hint(&err) {
+                    Some(hint) if hint != addr && !unusable.contains(&hint) => {
+                        self.state().leader = Some(hint.clone());
+                        if !in_flight.contains(&hint) {
+                            in_flight.push(hint.clone());
+                            calls.push(call(hint, &unusable));
+                        }
+                    }
+                    // The node held the call while it waited for a leader,
+                    // and knows none this call can use.
+                    _ => {}
+                },
+                ClientError::Unavailable { reason: Some(Reason::OutcomeUnknown | Reason::LeaderChanged), .. }
+                    if resends < MAX_RESENDS =>
+                {
+                    // The write may have committed, or a parked call lost its
+                    // leader: the same call again learns the outcome.
+                    resends += 1;
+                    in_flight.push(addr.clone());
+                    calls.push(call(addr, &unusable));
                 }
                 ClientError::Unavailable { .. } => {
-                    // This node is unreachable: try the other endpoints at
-                    // once; pause only after a whole round failed.
+                    // Unreachable, without a quorum, stopping, or its outcomes
+                    // stay unknown: ask every other node at once.
                     {
                         let mut st = self.state();
-                        st.leader = None;
-                        st.cursor = cursor;
+                        if st.leader.as_deref() == Some(addr.as_str()) {
+                            st.leader = None;
+                        }
                     }
-                    failed_in_round += 1;
-                    if failed_in_round >= endpoints.len() {
-                        failed_in_round = 0;
-                        tokio::time::sleep(backoff(round)).await;
-                        round += 1;
+                    if !unusable.contains(&addr) {
+                        unusable.push(addr);
+                    }
+                    for e in endpoints {
+                        if !in_flight.contains(e) && !unusable.contains(e) {
+                            in_flight.push(e.clone());
+                            calls.push(call(e.clone(), &unusable));
+                        }
                     }
                 }
-                ClientError::Config(_) => return Err(err),
             }
             last = err;
         }
-        Err(last)
     }
 
     /// One Acquire, routed to the leader. Transport failures are resent with
@@ -343,11 +445,12 @@ impl Client {
         // server's maximum, not a millisecond less); a resend for what is
         // left until `wait_end`.
         let first = std::sync::atomic::AtomicBool::new(true);
-        self.route(wait, |c| {
+        self.route(wait, |c, attempt| {
             let mut req = req.clone();
             if !first.swap(false, std::sync::atomic::Ordering::Relaxed) {
                 req.wait_timeout_ms = wait_end.saturating_duration_since(crate::clock::now()).as_millis() as u64;
             }
+            let req = attempt.request(req);
             async move { LockClient::new(c).acquire(req).await }
         })
         .instrument(span)
@@ -357,8 +460,8 @@ impl Client {
     /// Renews a lease.
     pub async fn renew(&self, resource: &str, lease_id: &str) -> Result<RenewResponse, ClientError> {
         let req = RenewRequest { resource: resource.into(), lease_id: lease_id.into() };
-        self.route(Duration::ZERO, |c| {
-            let req = req.clone();
+        self.route(Duration::ZERO, |c, attempt| {
+            let req = attempt.request(req.clone());
             async move { LockClient::new(c).renew(req).await }
         })
         .instrument(tracing::debug_span!("fencer_call", op = "renew", resource))
@@ -368,8 +471,8 @@ impl Client {
     /// Releases a lease.
     pub async fn release(&self, resource: &str, lease_id: &str) -> Result<ReleaseResponse, ClientError> {
         let req = ReleaseRequest { resource: resource.into(), lease_id: lease_id.into() };
-        self.route(Duration::ZERO, |c| {
-            let req = req.clone();
+        self.route(Duration::ZERO, |c, attempt| {
+            let req = attempt.request(req.clone());
             async move { LockClient::new(c).release(req).await }
         })
         .instrument(tracing::debug_span!("fencer_call", op = "release", resource))
@@ -379,8 +482,8 @@ impl Client {
     /// A linearizable view of one lock.
     pub async fn get(&self, resource: &str) -> Result<GetLockResponse, ClientError> {
         let req = GetLockRequest { resource: resource.into() };
-        self.route(Duration::ZERO, |c| {
-            let req = req.clone();
+        self.route(Duration::ZERO, |c, attempt| {
+            let req = attempt.request(req.clone());
             async move { LockClient::new(c).get_lock(req).await }
         })
         .await
@@ -389,8 +492,8 @@ impl Client {
     /// One page of held locks under `prefix`.
     pub async fn list(&self, prefix: &str, page_size: u32, page_token: &str) -> Result<ListLocksResponse, ClientError> {
         let req = ListLocksRequest { prefix: prefix.into(), page_size, page_token: page_token.into() };
-        self.route(Duration::ZERO, |c| {
-            let req = req.clone();
+        self.route(Duration::ZERO, |c, attempt| {
+            let req = attempt.request(req.clone());
             async move { LockClient::new(c).list_locks(req).await }
         })
         .await
@@ -404,8 +507,8 @@ impl Client {
         reason: &str,
     ) -> Result<ForceReleaseResponse, ClientError> {
         let req = ForceReleaseRequest { resource: resource.into(), caller: caller.into(), reason: reason.into() };
-        self.route(Duration::ZERO, |c| {
-            let req = req.clone();
+        self.route(Duration::ZERO, |c, attempt| {
+            let req = attempt.request(req.clone());
             async move { AdminClient::new(c).force_release(req).await }
         })
         .await
@@ -414,10 +517,10 @@ impl Client {
     /// The token-signing keys registered in the cluster (public halves),
     /// as the leader sees them.
     pub async fn signing_keys(&self) -> Result<ListSigningKeysResponse, ClientError> {
-        self.route(
-            Duration::ZERO,
-            |c| async move { AdminClient::new(c).list_signing_keys(ListSigningKeysRequest {}).await },
-        )
+        self.route(Duration::ZERO, |c, attempt| {
+            let req = attempt.request(ListSigningKeysRequest {});
+            async move { AdminClient::new(c).list_signing_keys(req).await }
+        })
         .await
     }
 
@@ -429,8 +532,8 @@ impl Client {
         force: bool,
     ) -> Result<RetireSigningKeyResponse, ClientError> {
         let req = RetireSigningKeyRequest { kid: kid.into(), after_ms: after.as_millis() as u64, force };
-        self.route(Duration::ZERO, |c| {
-            let req = req.clone();
+        self.route(Duration::ZERO, |c, attempt| {
+            let req = attempt.request(req.clone());
             async move { AdminClient::new(c).retire_signing_key(req).await }
         })
         .await
@@ -517,8 +620,9 @@ fn leader_hint(err: &ClientError) -> Option<String> {
     }
 }
 
-/// 25 ms doubling to at most 400 ms: short enough to find a new leader
-/// within a heartbeat or two of its election.
+/// The pause after a round in which no node answered: 25 ms doubling to at
+/// most 400 ms. Followers hold calls during an election, so rounds end early
+/// only when nodes refuse connections or the whole cluster has no leader.
 fn backoff(attempt: usize) -> Duration {
     Duration::from_millis((25u64 << attempt.min(4)).min(400))
 }
@@ -541,7 +645,13 @@ fn endpoint(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<Endpoint, Clien
         (None, Some(_)) => format!("https://{addr}"),
     };
     let e = Endpoint::from_shared(uri)
-        .map(|e| e.connect_timeout(Duration::from_secs(2)).tcp_nodelay(true))
+        .map(|e| {
+            e.connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+                .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+                .keep_alive_while_idle(true)
+        })
         .map_err(|e| ClientError::Config(format!("bad endpoint {addr:?}: {e}")))?;
     match tls {
         None => Ok(e),

@@ -163,6 +163,15 @@ impl ClientError {
             {
                 Self::Unavailable { reason, message: status.message().to_string(), metadata }
             }
+            // Without fencer's ErrorInfo these come from the HTTP/2 layer, not
+            // from the coordinator: a GOAWAY (ENHANCE_YOUR_CALM maps to
+            // RESOURCE_EXHAUSTED, a protocol error to INTERNAL) ends every call
+            // on the connection, whatever each call's outcome was.
+            Code::ResourceExhausted | Code::Internal if info.is_none() => Self::Unavailable {
+                reason: None,
+                message: format!("the connection failed ({:?}): {}", status.code(), status.message()),
+                metadata,
+            },
             code => Self::Refused {
                 code,
                 reason: reason.unwrap_or_else(|| Reason::Other(format!("{code:?}").to_uppercase())),

@@ -23,7 +23,10 @@
 //!   the lease clock stops refusing renewals on its own. When a quorum
 //!   answers again the leader goes through *starting* once more.
 //! - **stop** (another node leads): the lease clock stops being
-//!   authoritative and parked calls fail with `LEADER_CHANGED` at once.
+//!   authoritative and parked calls fail with `LEADER_CHANGED` at once;
+//!   writes still waiting for their commit answer `OUTCOME_UNKNOWN` at once
+//!   (instead of at the write timeout), so their clients retry with the
+//!   same request id on the new leader.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -78,11 +81,23 @@ pub(crate) struct Duties {
     pub(crate) election_timeout: Duration,
 }
 
-/// Callbacks for `Raft::on_leader_change`: the stop side acts at once (parked
-/// calls must not wait for the duty loop); both tell the loop.
-pub(crate) fn on_stop(leases: &LeaseClock, parked: &ParkedCalls) {
+/// What losing the quorum does at once, from the duty loop: the lease clock
+/// stops being authoritative and parked calls fail with LEADER_CHANGED.
+/// Writes still waiting for their commit keep waiting (up to the write
+/// timeout): a stall of the machine that outlasts the quorum lease heals by
+/// itself, and they commit then.
+pub(crate) fn on_degraded(leases: &LeaseClock, parked: &ParkedCalls) {
     leases.set_authoritative(false);
     parked.leader_lost();
+}
+
+/// What stopping to lead does at once, from the `Raft::on_leader_change`
+/// callback and from the duty loop: as [`on_degraded`], and writes still
+/// waiting for their commit answer OUTCOME_UNKNOWN (their callers retry with
+/// the same request id on the new leader, which knows the outcome).
+pub(crate) fn on_stop(leases: &LeaseClock, parked: &ParkedCalls, leadership_lost: &watch::Sender<u64>) {
+    on_degraded(leases, parked);
+    leadership_lost.send_modify(|n| *n += 1);
 }
 
 impl Duties {
@@ -116,7 +131,7 @@ impl Duties {
                         }
                         abort_phase(&mut phase);
                         phase = Phase::Follower;
-                        on_stop(&self.leases, &self.parked);
+                        on_stop(&self.leases, &self.parked, &self.svc.inner.leadership_lost);
                         tasks.abort_all();
                         expiring.clear();
                     }
@@ -167,7 +182,7 @@ impl Duties {
                         Phase::Ready { leader, bound } => {
                             if !self.quorum_recent() {
                                 tracing::warn!(%leader, "no quorum acknowledgement for an election timeout; refusing writes (NO_QUORUM) and failing parked calls");
-                                on_stop(&self.leases, &self.parked);
+                                on_degraded(&self.leases, &self.parked);
                                 tasks.abort_all();
                                 expiring.clear();
                                 phase = Phase::Degraded { leader: *leader };

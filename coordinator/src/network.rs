@@ -156,14 +156,35 @@ impl PeerClient {
         F: FnOnce(RaftClient<Channel>, Request<RaftPayload>) -> Fut,
         Fut: Future<Output = Result<Response<RaftPayload>, Status>>,
     {
+        self.call_or_status(what, req, ttl, send).await.map_err(|e| match e {
+            Failed::Status(status) => status_error(what, self.target, status),
+            Failed::Rpc(e) => e,
+        })
+    }
+
+    /// As [`Self::call`], keeping a refusal by the peer's gRPC layer as the
+    /// status it was, for callers that treat one code specially.
+    async fn call_or_status<Req, Resp, F, Fut>(
+        &self,
+        what: &str,
+        req: &Req,
+        ttl: Duration,
+        send: F,
+    ) -> Result<Resp, Failed>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        F: FnOnce(RaftClient<Channel>, Request<RaftPayload>) -> Fut,
+        Fut: Future<Output = Result<Response<RaftPayload>, Status>>,
+    {
         if let Some(f) = &self.faults {
             self.fault(f.request(self.from, self.target), what).await?;
         }
         let mut request = Request::new(self.payload(req)?);
         request.set_timeout(ttl);
         let reply = match tokio::time::timeout(ttl, send(self.client()?, request)).await {
-            Err(_) => return Err(unreachable(format!("{what} to node {} timed out after {ttl:?}", self.target))),
-            Ok(Err(status)) => return Err(status_error(what, self.target, status)),
+            Err(_) => return Err(unreachable(format!("{what} to node {} timed out after {ttl:?}", self.target)).into()),
+            Ok(Err(status)) => return Err(Failed::Status(status)),
             Ok(Ok(r)) => r.into_inner(),
         };
         if let Some(f) = &self.faults {
@@ -171,7 +192,21 @@ impl PeerClient {
         }
         let result: Result<Resp, String> =
             decode(&reply.data, what).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|remote| unreachable(format!("node {} refused {what}: {remote}", self.target)))
+        result.map_err(|remote| unreachable(format!("node {} refused {what}: {remote}", self.target)).into())
+    }
+}
+
+/// Why [`PeerClient::call_or_status`] has no answer.
+enum Failed {
+    /// The peer's gRPC layer answered with this status.
+    Status(Status),
+    /// Anything else (fault injection, timeout, encoding, the peer's raft).
+    Rpc(RPCError<TypeConfig>),
+}
+
+impl From<RPCError<TypeConfig>> for Failed {
+    fn from(e: RPCError<TypeConfig>) -> Self {
+        Self::Rpc(e)
     }
 }
 
@@ -201,6 +236,28 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.call("vote", &rpc, option.hard_ttl(), |mut c, r| async move { c.vote(r).await }).await
+    }
+
+    /// Pre-Vote (enabled in `node`): a peer that predates the RPC answers
+    /// UNIMPLEMENTED and is counted as granting, as openraft's own default
+    /// does, so a cluster in the middle of a rolling upgrade still elects.
+    /// Any other failure is no grant: an isolated node must not talk itself
+    /// into an election.
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let what = "pre_vote";
+        match self.call_or_status(what, &rpc, option.hard_ttl(), |mut c, r| async move { c.pre_vote(r).await }).await {
+            Ok(resp) => Ok(resp),
+            Err(Failed::Status(s)) if s.code() == tonic::Code::Unimplemented => {
+                tracing::debug!(target = self.target, "peer predates Pre-Vote; counting it as granting");
+                Ok(VoteResponse::new(rpc.vote, None, true))
+            }
+            Err(Failed::Status(s)) => Err(status_error(what, self.target, s)),
+            Err(Failed::Rpc(e)) => Err(e),
+        }
     }
 
     async fn transfer_leader(
@@ -390,6 +447,14 @@ impl RaftRpc for RaftService {
         let req: VoteRequest<TypeConfig> = decode(&p.data, "vote").map_err(bad_payload)?;
         self.not_mine("vote", p.from, &req.vote)?;
         self.reply(self.raft.vote(req).await.map_err(|e| e.to_string()))
+    }
+
+    async fn pre_vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.authenticate(&request)?;
+        let p = request.into_inner();
+        self.check(&p.cluster_id, p.from, p.to)?;
+        let req: VoteRequest<TypeConfig> = decode(&p.data, "pre_vote").map_err(bad_payload)?;
+        self.reply(self.raft.pre_vote(req).await.map_err(|e| e.to_string()))
     }
 
     async fn transfer_leader(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {

@@ -99,6 +99,17 @@ pub struct NodeConfig {
     pub connections: ConnectionLimits,
 }
 
+/// Default leader heartbeat period (`--heartbeat`).
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(50);
+
+/// Default shortest election timeout (`--election-timeout`); the longest is
+/// twice it and is also the quorum lease. A dead leader is replaced after
+/// about 3–4 × this (the followers' view of its lease, 2 ×, then their own
+/// election timeout); a leader that hears no majority for 2 × this stops
+/// granting (I5); the shortest ttl is 1.5 × 2 × this (docs/cluster.md,
+/// "Timing").
+pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(200);
+
 impl NodeConfig {
     /// A single-node configuration with production timings.
     pub fn single(data_dir: impl Into<PathBuf>, listen: SocketAddr) -> Self {
@@ -108,8 +119,8 @@ impl NodeConfig {
             advertise: None,
             data_dir: data_dir.into(),
             peers: BTreeMap::new(),
-            heartbeat: Duration::from_millis(250),
-            election_timeout: (Duration::from_millis(1000), Duration::from_millis(2000)),
+            heartbeat: DEFAULT_HEARTBEAT,
+            election_timeout: (DEFAULT_ELECTION_TIMEOUT, DEFAULT_ELECTION_TIMEOUT * 2),
             snapshot_every: 50_000,
             policy: None,
             faults: None,
@@ -450,6 +461,12 @@ impl Node {
             max_in_snapshot_log_to_keep: 10_000.min(config.snapshot_every),
             purge_batch_size: (config.snapshot_every / 4).clamp(1, 1024),
             max_payload_entries: 1024,
+            // Pre-Vote stays off for now (the PreVote RPC is served, so it
+            // can be turned on in a rolling upgrade): with it, a follower
+            // cut off from everyone keeps its old leader in its metrics and
+            // /readyz keeps answering ready (t54). Its readiness needs a
+            // leader-contact age first.
+            enable_pre_vote: Some(false),
             ..Default::default()
         }
         .validate()
@@ -459,6 +476,7 @@ impl Node {
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
 
+        let (leader_tx, leader_rx) = watch::channel(None);
         let svc = LockService::new(ServiceInner {
             raft: raft.clone(),
             sm: sm.clone(),
@@ -474,6 +492,8 @@ impl Node {
             log_control: config.log_control.clone(),
             keys,
             peer_tls: peer_tls.clone(),
+            leader: leader_rx,
+            leadership_lost: watch::Sender::new(0),
         });
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -563,7 +583,7 @@ impl Node {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let leader_watch = {
             let (start_tx, stop_tx) = (events_tx.clone(), events_tx);
-            let (leases, parked) = (leases.clone(), parked.clone());
+            let (leases, parked, svc) = (leases.clone(), parked.clone(), svc.clone());
             raft.on_leader_change(
                 move |leader_id| {
                     let _ = start_tx.send(LeaderEvent::Started(leader_id));
@@ -572,7 +592,7 @@ impl Node {
                 move |leader_id| {
                     tracing::debug!(%leader_id, "leadership ended");
                     // Parked calls must not wait for the duty loop.
-                    on_stop(&leases, &parked);
+                    on_stop(&leases, &parked, &svc.inner.leadership_lost);
                     let _ = stop_tx.send(LeaderEvent::Stopped);
                     async {}
                 },
@@ -580,7 +600,7 @@ impl Node {
         };
         let duties = Duties { svc: svc.clone(), leases, parked, election_timeout: config.election_timeout.1 };
         tasks.push(tokio::spawn(duties.run(events_rx, shutdown_rx.clone())));
-        tasks.push(tokio::spawn(watch_metrics(raft.clone(), metrics.clone(), shutdown_rx.clone())));
+        tasks.push(tokio::spawn(watch_metrics(raft.clone(), metrics.clone(), leader_tx, shutdown_rx.clone())));
         tasks.push(tokio::spawn(register_keys(svc.clone(), shutdown_rx.clone())));
         tasks.push(tokio::spawn(console.sample(shutdown_rx.clone())));
 
@@ -804,8 +824,14 @@ async fn join_cluster(ctx: JoinCtx, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-/// Mirrors raft metrics into Prometheus gauges and counts leader changes.
-async fn watch_metrics(raft: RaftHandle, metrics: Arc<Metrics>, mut shutdown: watch::Receiver<bool>) {
+/// Mirrors raft metrics into Prometheus gauges, counts leader changes and
+/// publishes the known leader (what held calls wait on, module `service`).
+async fn watch_metrics(
+    raft: RaftHandle,
+    metrics: Arc<Metrics>,
+    leader: watch::Sender<Option<NodeId>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut rx = raft.metrics();
     let mut last_leader = None;
     loop {
@@ -820,6 +846,7 @@ async fn watch_metrics(raft: RaftHandle, metrics: Arc<Metrics>, mut shutdown: wa
                     metrics.leader_changes.inc();
                 }
                 last_leader = m.current_leader;
+                leader.send_replace(m.current_leader);
             }
         }
         tokio::select! {

@@ -32,3 +32,11 @@ pub const ERROR_DOMAIN: &str = "fencer.dev";
 
 /// Response header carrying the leader's address on NOT_LEADER answers.
 pub const LEADER_ADDR_HEADER: &str = "fencer-leader-addr";
+
+/// Request header of a lock call naming, comma separated, the nodes (as the
+/// client addressed them) that this call could not use as leader: their
+/// connection broke, they had no quorum, or they were stopping. A follower
+/// whose leader is one of them, or that knows no leader, holds the call
+/// until it knows another leader (bounded), instead of sending the client
+/// back to the node that just failed.
+pub const UNREACHABLE_HEADER: &str = "fencer-unreachable";

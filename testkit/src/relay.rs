@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use crate::grpc::answer_of;
 use crate::history::{Answer, Call, History, Op};
+use fencer_proto::UNREACHABLE_HEADER;
 use fencer_proto::raft::raft_client::RaftClient;
 use fencer_proto::raft::raft_server::{Raft, RaftServer};
 use fencer_proto::raft::{HelloRequest, HelloResponse, RaftPayload, SnapshotChunk};
@@ -186,6 +187,18 @@ impl Relay {
     }
 }
 
+/// A lock call as the relay sends it on: the message and the client's
+/// `fencer-unreachable` header, which the node reads (the rest of the
+/// caller's metadata stays behind, as before).
+fn onward<T>(req: Request<T>) -> Request<T> {
+    let unreachable = req.metadata().get(UNREACHABLE_HEADER).cloned();
+    let mut out = Request::new(req.into_inner());
+    if let Some(v) = unreachable {
+        out.metadata_mut().insert(UNREACHABLE_HEADER, v);
+    }
+    out
+}
+
 fn lost(what: &str, from: u64, to: u64) -> Status {
     Status::unavailable(format!("relay: {what} {from}->{to} lost (fault injection)"))
 }
@@ -238,6 +251,11 @@ impl Raft for Forward {
         self.raft_call(req.from, |mut c| async move { c.vote(req).await }).await
     }
 
+    async fn pre_vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let req = req.into_inner();
+        self.raft_call(req.from, |mut c| async move { c.pre_vote(req).await }).await
+    }
+
     async fn install_snapshot(&self, req: Request<Streaming<SnapshotChunk>>) -> Result<Response<RaftPayload>, Status> {
         let mut stream = req.into_inner();
         let Some(first) = stream.next().await.transpose()? else {
@@ -268,10 +286,14 @@ impl Raft for Forward {
 #[tonic::async_trait]
 impl Lock for Forward {
     async fn acquire(&self, req: Request<AcquireRequest>) -> Result<Response<AcquireResponse>, Status> {
-        let req = req.into_inner();
+        let req = onward(req);
+        let m = req.get_ref();
         // The history records the ttl asked for; 0 when none was (the server's default).
-        let ttl_ms = req.ttl_ms.unwrap_or(0);
-        let call = Call::Acquire { resource: req.resource.clone(), request_id: req.request_id.clone(), ttl_ms };
+        let call = Call::Acquire {
+            resource: m.resource.clone(),
+            request_id: m.request_id.clone(),
+            ttl_ms: m.ttl_ms.unwrap_or(0),
+        };
         let sent = self.now();
         let r = self.lock.clone().acquire(req).await;
         let answer = match &r {
@@ -289,8 +311,8 @@ impl Lock for Forward {
     }
 
     async fn renew(&self, req: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
-        let req = req.into_inner();
-        let call = Call::Renew { resource: req.resource.clone(), lease_id: req.lease_id.clone() };
+        let req = onward(req);
+        let call = Call::Renew { resource: req.get_ref().resource.clone(), lease_id: req.get_ref().lease_id.clone() };
         let sent = self.now();
         let r = self.lock.clone().renew(req).await;
         let answer = match &r {
@@ -302,8 +324,8 @@ impl Lock for Forward {
     }
 
     async fn release(&self, req: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
-        let req = req.into_inner();
-        let call = Call::Release { resource: req.resource.clone(), lease_id: req.lease_id.clone() };
+        let req = onward(req);
+        let call = Call::Release { resource: req.get_ref().resource.clone(), lease_id: req.get_ref().lease_id.clone() };
         let sent = self.now();
         let r = self.lock.clone().release(req).await;
         let answer = match &r {
@@ -316,11 +338,11 @@ impl Lock for Forward {
     }
 
     async fn get_lock(&self, req: Request<GetLockRequest>) -> Result<Response<GetLockResponse>, Status> {
-        self.lock.clone().get_lock(req.into_inner()).await
+        self.lock.clone().get_lock(onward(req)).await
     }
 
     async fn list_locks(&self, req: Request<ListLocksRequest>) -> Result<Response<ListLocksResponse>, Status> {
-        self.lock.clone().list_locks(req.into_inner()).await
+        self.lock.clone().list_locks(onward(req)).await
     }
 }
 

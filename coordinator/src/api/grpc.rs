@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use fencer_proto::UNREACHABLE_HEADER;
 use fencer_proto::v1::admin_server::Admin;
 use fencer_proto::v1::lock_server::Lock;
 use fencer_proto::v1::{
@@ -37,6 +38,26 @@ fn caller<T>(auth: &Authenticator, request: &Request<T>) -> Result<Caller, LockE
     auth.caller(&conn, authorization)
 }
 
+/// Nodes named in a `fencer-unreachable` header, at most.
+const MAX_UNREACHABLE: usize = 8;
+
+/// The nodes the caller reports it could not use as leader
+/// ([`UNREACHABLE_HEADER`]); an unreadable header names none.
+fn unreachable<T>(request: &Request<T>) -> Vec<String> {
+    let Some(value) = request.metadata().get(UNREACHABLE_HEADER).and_then(|v| v.to_str().ok()) else {
+        return Vec::new();
+    };
+    value.split(',').map(str::trim).filter(|a| !a.is_empty()).take(MAX_UNREACHABLE).map(String::from).collect()
+}
+
+impl LockApi {
+    /// Before a lock call: a follower without a usable leader holds it until
+    /// it knows one (`LockService::await_leader`).
+    async fn await_leader<T>(&self, request: &Request<T>) {
+        self.svc.await_leader(&unreachable(request)).await;
+    }
+}
+
 pub(crate) fn view_to_proto(v: LockView) -> GetLockResponse {
     GetLockResponse {
         resource: v.resource.to_string(),
@@ -52,6 +73,7 @@ pub(crate) fn view_to_proto(v: LockView) -> GetLockResponse {
 #[tonic::async_trait]
 impl Lock for LockApi {
     async fn acquire(&self, request: Request<AcquireRequest>) -> Result<Response<AcquireResponse>, Status> {
+        self.await_leader(&request).await;
         let who = caller(&self.auth, &request);
         let r = request.into_inner();
         let g = call::acquire(&self.svc, &self.metrics, who, r.into()).await.map_err(|e| to_status(&e))?;
@@ -68,6 +90,7 @@ impl Lock for LockApi {
     }
 
     async fn renew(&self, request: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
+        self.await_leader(&request).await;
         let who = caller(&self.auth, &request);
         let r = request.into_inner();
         // A lease id works only with its own resource, so checking the
@@ -85,6 +108,7 @@ impl Lock for LockApi {
     }
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
+        self.await_leader(&request).await;
         let who = caller(&self.auth, &request);
         let r = request.into_inner();
         let call = async {
@@ -96,6 +120,7 @@ impl Lock for LockApi {
     }
 
     async fn get_lock(&self, request: Request<GetLockRequest>) -> Result<Response<GetLockResponse>, Status> {
+        self.await_leader(&request).await;
         let who = caller(&self.auth, &request);
         let r = request.into_inner();
         let call = async {
@@ -109,6 +134,7 @@ impl Lock for LockApi {
     }
 
     async fn list_locks(&self, request: Request<ListLocksRequest>) -> Result<Response<ListLocksResponse>, Status> {
+        self.await_leader(&request).await;
         let who = caller(&self.auth, &request);
         let r = request.into_inner();
         let call = async {

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use openraft::ReadPolicy;
 use openraft::errors::{ClientWriteError, ForwardReason, ForwardToLeader, RaftError};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
 
@@ -31,6 +32,7 @@ use crate::policy::Policy;
 use crate::raft::{RaftHandle, TypeConfig};
 use crate::state_machine::{Command, LogCommand, Outcome};
 use crate::store::StateMachineStore;
+use crate::types::NodeId;
 use crate::waiters::ParkedCalls;
 
 mod error;
@@ -64,6 +66,13 @@ pub(crate) struct ServiceInner {
     pub(crate) log_control: Option<LogControlHandle>,
     /// This node's token-signing keys (module `signing`).
     pub(crate) keys: Arc<crate::signing::NodeKeys>,
+    /// The leader this node knows, changed only when it changes (fed by the
+    /// node's metrics watcher): what a held call waits on.
+    pub(crate) leader: watch::Receiver<Option<NodeId>>,
+    /// Bumped when this node's leadership ends (module `leadership`):
+    /// writes still waiting for their commit answer "outcome unknown" at
+    /// once instead of at the write timeout.
+    pub(crate) leadership_lost: watch::Sender<u64>,
     /// How this node calls its peers (https with its certificate when the
     /// cluster runs TLS): signing-key registrations go to the leader this way.
     pub(crate) peer_tls: Option<tonic::transport::ClientTlsConfig>,
@@ -135,11 +144,25 @@ impl LockService {
                 other => other,
             }
         };
-        match tokio::time::timeout(self.inner.policy.write_timeout, write).await {
-            Err(_) => Err(LockError::Unknown(format!(
-                "the write did not commit within {:?}; retry with the same request id",
-                self.inner.policy.write_timeout
-            ))),
+        let mut lost = self.inner.leadership_lost.subscribe();
+        lost.borrow_and_update();
+        let write = async {
+            tokio::select! {
+                r = tokio::time::timeout(self.inner.policy.write_timeout, write) => r.map_err(|_| {
+                    LockError::Unknown(format!(
+                        "the write did not commit within {:?}; retry with the same request id",
+                        self.inner.policy.write_timeout
+                    ))
+                }),
+                // The entry may have committed (the new leader then has
+                // it) or not, so the outcome is unknown.
+                _ = lost.changed() => Err(LockError::Unknown(
+                    "this node stopped leading before the write committed; retry with the same request id".into(),
+                )),
+            }
+        };
+        match write.await {
+            Err(e) => Err(e),
             Ok(Err(e)) => Err(write_error(e)),
             Ok(Ok(resp)) => {
                 self.inner.metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
@@ -194,6 +217,60 @@ impl LockService {
             .is_ok_and(|m| m.state == openraft::ServerState::Leader)
     }
 
+    /// How long a follower holds a lock call for a leader: three election
+    /// timeouts, time enough for the followers' leases of a dead leader to
+    /// run out, an election to run and its winner to be heard of.
+    pub(crate) fn leader_wait(&self) -> Duration {
+        self.inner.election_timeout * 3
+    }
+
+    /// Whether this node can answer a lock call now: it leads (with or
+    /// without a quorum: NO_QUORUM is an answer), or it knows a leader that
+    /// is not among the nodes the caller reports `unreachable`, or it is
+    /// not part of a cluster (yet) or is stopping.
+    fn can_answer(&self, unreachable: &[String]) -> bool {
+        if self.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return true;
+        }
+        match self.inner.raft.as_leader() {
+            Ok(_) => true,
+            Err(f) => match f.leader_node {
+                Some(node) => !unreachable.contains(&node.addr),
+                None => {
+                    let m = self.inner.raft.metrics();
+                    let m = openraft::rt::watch::WatchReceiver::borrow_watched(&m);
+                    m.membership_config.membership().voter_ids().next().is_none()
+                }
+            },
+        }
+    }
+
+    /// Holds a lock call on a follower that knows no leader, or only one the
+    /// caller reports unreachable, until it knows another (or leads itself),
+    /// at most [`Self::leader_wait`]: the caller then hears of the new leader
+    /// the moment it is known, instead of polling through the election or
+    /// being sent back to the node that just failed. The call then runs as
+    /// usual: served here if this node leads now, NOT_LEADER with the new
+    /// leader's address otherwise (or with what this node still knows, once
+    /// the wait ran out).
+    pub(crate) async fn await_leader(&self, unreachable: &[String]) {
+        let mut leader = self.inner.leader.clone();
+        leader.borrow_and_update();
+        if self.can_answer(unreachable) {
+            return;
+        }
+        let wait = async {
+            while leader.changed().await.is_ok() {
+                if self.can_answer(unreachable) {
+                    return;
+                }
+            }
+        };
+        if tokio::time::timeout(self.leader_wait(), wait).await.is_err() {
+            tracing::debug!(?unreachable, "no usable leader known after waiting; answering with what this node knows");
+        }
+    }
+
     /// Proposes in a task of its own, so the write completes (and its outcome
     /// can be acted on) even if the caller goes away.
     fn propose_detached(&self, cmd: Command) -> JoinHandle<Result<Outcome, LockError>> {
@@ -204,12 +281,15 @@ impl LockService {
     /// Waits until reads on this node are linearizable (ReadIndex, never lease reads).
     pub(crate) async fn linearize(&self) -> Result<(), LockError> {
         self.ensure_leader()?;
-        let read = tokio::time::timeout(
-            self.inner.policy.write_timeout,
-            self.inner.raft.ensure_linearizable(ReadPolicy::ReadIndex),
-        )
-        .await
-        .map_err(|_| LockError::NoQuorum)?;
+        let mut lost = self.inner.leadership_lost.subscribe();
+        lost.borrow_and_update();
+        let read = tokio::select! {
+            r = tokio::time::timeout(
+                self.inner.policy.write_timeout,
+                self.inner.raft.ensure_linearizable(ReadPolicy::ReadIndex),
+            ) => r.map_err(|_| LockError::NoQuorum)?,
+            _ = lost.changed() => return Err(LockError::NoQuorum),
+        };
         match read {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f))) => {
