@@ -100,7 +100,7 @@ pub struct NodeConfig {
 }
 
 /// Default leader heartbeat period (`--heartbeat`).
-pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(50);
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(250);
 
 /// Default shortest election timeout (`--election-timeout`); the longest is
 /// twice it and is also the quorum lease. A dead leader is replaced after
@@ -108,7 +108,7 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(50);
 /// election timeout); a leader that hears no majority for 2 × this stops
 /// granting (I5); the shortest ttl is 1.5 × 2 × this (docs/cluster.md,
 /// "Timing").
-pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(200);
+pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(1000);
 
 impl NodeConfig {
     /// A single-node configuration with production timings.

@@ -196,7 +196,7 @@ pub(crate) struct CoordinatorArgs {
     data_dir: PathBuf,
 
     /// Leader heartbeat period (at most a third of --election-timeout).
-    #[arg(long, env = "FENCER_HEARTBEAT", default_value = "50ms", value_parser = parse_duration)]
+    #[arg(long, env = "FENCER_HEARTBEAT", default_value = "250ms", value_parser = parse_duration)]
     heartbeat: Duration,
 
     /// Shortest election timeout; the longest is twice this, and is also
@@ -204,7 +204,7 @@ pub(crate) struct CoordinatorArgs {
     /// 3 to 4 × this; a leader whose majority is silent for 2 × this stops
     /// granting. The shortest lease ttl accepted is 1.5 × the longest
     /// election timeout (docs/cluster.md, "Timing").
-    #[arg(long, env = "FENCER_ELECTION_TIMEOUT", default_value = "200ms", value_parser = parse_duration)]
+    #[arg(long, env = "FENCER_ELECTION_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     election_timeout: Duration,
 
     /// Build a snapshot (and purge the log behind it) every this many entries

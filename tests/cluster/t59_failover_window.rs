@@ -6,7 +6,8 @@
 //!   grant before, and it comes within [`LOOSE_BOUND`] (a bound for a noisy
 //!   shared machine, not a performance figure: the window is printed);
 //! - a measurement (ignored): the unavailability window of 10 kills, each
-//!   printed, then median and max. Two clients measure at once:
+//!   printed, then median and max, with the default timing and then with
+//!   the fast-failover timing (`--heartbeat 50ms --election-timeout 200ms`). Two clients measure at once:
 //!   `fencer_client::Client` with every endpoint and its default call
 //!   timeout (what applications see), and a prober that asks every
 //!   surviving node directly every 10 ms (when the cluster itself can grant
@@ -102,30 +103,35 @@ async fn t59_a_held_lock_keeps_its_token_across_leader_kills_with_the_default_ti
     assert!(after.token > highest, "tokens grow: {} after {}", after.token, highest);
 }
 
+/// The fast-failover timing of docs/cluster.md ("Timing").
+const FAST: &[&str] = &["--heartbeat", "50ms", "--election-timeout", "200ms"];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement; run with --release --ignored --nocapture"]
-async fn t59_failover_window_over_ten_kills_with_the_default_timing() {
+async fn t59_failover_window_over_ten_kills_default_and_fast_timing() {
     let _turn = crate::one_cluster_at_a_time().await;
-    let mut c = ProcCluster::start_with(3, &[]).await;
-    let client = Client::new(c.addrs.values().cloned()).unwrap();
-    let (mut lib, mut probe) = (Vec::new(), Vec::new());
-    println!("kill  node  fencer_client ms  direct prober ms");
-    for run in 0..10 {
-        let leader = c.settled(Duration::from_secs(30)).await;
-        client.acquire(format!("window/warm-{run}")).grant().await.expect("warm-up acquire");
-        let survivors: Vec<String> =
-            c.ids().into_iter().filter(|n| *n != leader).map(|n| c.addrs[&n].clone()).collect();
-        c.kill9(leader);
-        let killed = Instant::now();
-        let name = format!("window/client-{run}");
-        let ((_, l), p) = tokio::join!(first_grant(&client, &name, killed), probing(survivors, run, killed));
-        println!("{:>4}  {leader:>4}  {:>16.0}  {:>16.0}", run + 1, ms(l), ms(p));
-        lib.push(l);
-        probe.push(p);
-        c.restart(leader);
+    for (timing, flags) in [("defaults", &[][..]), ("fast", FAST)] {
+        let mut c = ProcCluster::start_with(3, flags).await;
+        let client = Client::new(c.addrs.values().cloned()).unwrap();
+        let (mut lib, mut probe) = (Vec::new(), Vec::new());
+        println!("{timing}: kill  node  fencer_client ms  direct prober ms");
+        for run in 0..10 {
+            let leader = c.settled(Duration::from_secs(30)).await;
+            client.acquire(format!("window/warm-{run}")).grant().await.expect("warm-up acquire");
+            let survivors: Vec<String> =
+                c.ids().into_iter().filter(|n| *n != leader).map(|n| c.addrs[&n].clone()).collect();
+            c.kill9(leader);
+            let killed = Instant::now();
+            let name = format!("window/client-{run}");
+            let ((_, l), p) = tokio::join!(first_grant(&client, &name, killed), probing(survivors, run, killed));
+            println!("{:>4}  {leader:>4}  {:>16.0}  {:>16.0}", run + 1, ms(l), ms(p));
+            lib.push(l);
+            probe.push(p);
+            c.restart(leader);
+        }
+        report(&format!("{timing}, fencer_client"), lib);
+        report(&format!("{timing}, direct prober"), probe);
     }
-    report("defaults, fencer_client", lib);
-    report("defaults, direct prober", probe);
 }
 
 fn report(name: &str, mut w: Vec<Duration>) {
