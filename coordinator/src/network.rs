@@ -238,7 +238,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         self.call("vote", &rpc, option.hard_ttl(), |mut c, r| async move { c.vote(r).await }).await
     }
 
-    /// Pre-Vote (enabled in `node`): a peer that predates the RPC answers
+    /// Pre-Vote (served, and off in `node` until `/readyz` judges a
+    /// follower's leader by its last contact): a peer that predates the RPC answers
     /// UNIMPLEMENTED and is counted as granting, as openraft's own default
     /// does, so a cluster in the middle of a rolling upgrade still elects.
     /// Any other failure is no grant: an isolated node must not talk itself

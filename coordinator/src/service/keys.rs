@@ -94,7 +94,10 @@ impl LockService {
             let m = openraft::rt::watch::WatchReceiver::borrow_watched(&m);
             m.current_leader.and_then(|l| m.membership_config.membership().get_node(&l).map(|n| (l, n.addr.clone())))
         };
-        let Some((leader_id, addr)) = leader else {
+        // No leader known, or this node about to lead (its metrics name
+        // it before `as_leader` does): the registration is retried later,
+        // never sent to this node itself.
+        let Some((leader_id, addr)) = leader.filter(|(l, _)| *l != me) else {
             return Err(LockError::NotLeader { leader_id: None, leader_addr: None });
         };
         let registration = KeyRegistration { kid, public_key, not_before_unix_ms };
