@@ -122,6 +122,30 @@ fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
+/// Starts `fencer proxy` with the simple flags for resource `main` (`GET
+/// /ping` a read route) in front of `upstream`, with `--floor` when given,
+/// and waits (30 s at most) until its admin API answers `/livez`.
+pub async fn spawn_http_proxy(
+    listen: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+    upstream: &str,
+    data_dir: &std::path::Path,
+    floor: Option<u64>,
+    log: &std::path::Path,
+) -> Proc {
+    let mut cmd = std::process::Command::new(crate::process::fencer_bin());
+    cmd.args(["proxy", "--listen", &listen.to_string(), "--admin", &admin.to_string()])
+        .args(["--upstream", upstream, "--resource", "main", "--read-route", "GET:/ping"])
+        .arg("--data-dir")
+        .arg(data_dir);
+    if let Some(f) = floor {
+        cmd.args(["--floor", &f.to_string()]);
+    }
+    let mut proxy = Proc::spawn("fencer proxy", &mut cmd, log);
+    wait_http(admin, "/livez", 200, &mut proxy, Duration::from_secs(30)).await;
+    proxy
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -102,7 +102,7 @@ pub mod proxy_config;
 #[cfg(feature = "fixtures")]
 pub mod relay;
 
-pub use self::http::{http_get, http_get_blocking, wait_http};
+pub use self::http::{http_get, http_get_blocking, spawn_http_proxy, wait_http};
 pub use self::net::{free_addr, free_port, free_ports};
 pub use self::poll::{eventually, eventually_blocking};
 pub use self::process::{

@@ -2,38 +2,12 @@
 //! of a test upstream: resources, quarantine, the rejection log, actions,
 //! the traffic chart.
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::process::Command;
-
 use fencer_proxy::testing::{Status, TestClient, TestUpstream};
 use fencer_testkit::browser::Browser;
-use fencer_testkit::{Proc, fencer_bin, free_addr, run_fencer, wait_http};
+use fencer_testkit::{free_addr, run_fencer, spawn_http_proxy};
 use serde_json::{Value, json};
 
 use crate::fixture::{SOON, assert_clean, open, shot};
-
-/// `fencer proxy` for resource `main`, live on its admin port.
-async fn start_proxy(
-    listen: SocketAddr,
-    admin: SocketAddr,
-    upstream: &str,
-    data: &Path,
-    floor: bool,
-    log: &Path,
-) -> Proc {
-    let mut cmd = Command::new(fencer_bin());
-    cmd.args(["proxy", "--listen", &listen.to_string(), "--admin", &admin.to_string()])
-        .args(["--upstream", upstream, "--resource", "main", "--read-route", "GET:/ping"])
-        .arg("--data-dir")
-        .arg(data);
-    if floor {
-        cmd.args(["--floor", "1"]);
-    }
-    let mut p = Proc::spawn("fencer proxy", &mut cmd, log);
-    wait_http(admin, "/livez", 200, &mut p, SOON).await;
-    p
-}
 
 /// The cells of `main`'s row on the resources page, or `null`.
 const MAIN_ROW: &str = "
@@ -67,11 +41,12 @@ async fn t91_quarantine_rejections_and_epochs() {
 
     // Killed after a write: restarted, `main` is indeterminate (P4).
     let (listen, admin) = (free_addr(), free_addr());
-    let mut first = start_proxy(listen, admin, &upstream.url(), &data, true, &dir.path().join("proxy1.log")).await;
+    let mut first =
+        spawn_http_proxy(listen, admin, &upstream.url(), &data, Some(1), &dir.path().join("proxy1.log")).await;
     assert_eq!(client.write(listen, "/write", 5).await.unwrap().status, Status::OK);
     first.kill9();
     let (listen, admin) = (free_addr(), free_addr());
-    let _proxy = start_proxy(listen, admin, &upstream.url(), &data, false, &dir.path().join("proxy2.log")).await;
+    let _proxy = spawn_http_proxy(listen, admin, &upstream.url(), &data, None, &dir.path().join("proxy2.log")).await;
     let base = format!("http://{admin}");
 
     open(&browser, &base, "resources", "#resources").await;

@@ -135,12 +135,15 @@ async fn t50_the_binary_flag_form_and_check_config() {
         sidecar_config(&pg, &dir.path().join("data"), "drain_timeout = \"2s\"", "", fencer_testkit::free_addr()),
     )
     .unwrap();
-    let out = tokio::process::Command::new(fencer)
-        .args(["proxy", "--check-config", "--config"])
-        .arg(&config)
-        .output()
-        .await
-        .unwrap();
+    let check = || async {
+        tokio::process::Command::new(fencer)
+            .args(["proxy", "--check-config", "--config"])
+            .arg(&config)
+            .output()
+            .await
+            .unwrap()
+    };
+    let out = check().await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(
@@ -154,12 +157,7 @@ async fn t50_the_binary_flag_form_and_check_config() {
         std::fs::read_to_string(&config).unwrap().replace("drain_timeout = \"2s\"", "drain_timeout = \"soon\""),
     )
     .unwrap();
-    let out = tokio::process::Command::new(fencer)
-        .args(["proxy", "--check-config", "--config"])
-        .arg(&config)
-        .output()
-        .await
-        .unwrap();
+    let out = check().await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("line") && stderr.contains("soon"), "{stderr}");
 

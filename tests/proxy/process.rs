@@ -3,38 +3,13 @@
 //! forward, across kill -9), P10 (an empty store refuses to serve without a
 //! floor), config validation, and the operator CLI.
 
-use std::net::SocketAddr;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use fencer_proxy::testing::{Status, TestClient, TestUpstream};
-use fencer_testkit::{Proc, fencer_bin, free_addr, run_fencer, wait_http};
+use fencer_testkit::{Proc, fencer_bin, free_addr, run_fencer, spawn_http_proxy, wait_http};
 
 const SOON: Duration = Duration::from_secs(30);
-
-/// Starts `fencer proxy` with the simple flags (resource `main`, `GET /ping`
-/// a read) and waits until its admin API is live.
-async fn start_proxy(
-    listen: SocketAddr,
-    admin: SocketAddr,
-    upstream: &str,
-    data_dir: &Path,
-    floor: Option<u64>,
-    log: &Path,
-) -> Proc {
-    let mut cmd = Command::new(fencer_bin());
-    cmd.args(["proxy", "--listen", &listen.to_string(), "--admin", &admin.to_string()])
-        .args(["--upstream", upstream, "--resource", "main", "--read-route", "GET:/ping"])
-        .arg("--data-dir")
-        .arg(data_dir);
-    if let Some(f) = floor {
-        cmd.args(["--floor", &f.to_string()]);
-    }
-    let mut proxy = Proc::spawn("fencer proxy", &mut cmd, log);
-    wait_http(admin, "/livez", 200, &mut proxy, SOON).await;
-    proxy
-}
 
 /// P10: a proxy whose store is empty refuses to serve unless given a floor,
 /// and says how to fix it; it does not create a store it then refuses.
@@ -78,7 +53,7 @@ async fn t71_kill9_after_forwarding_42_then_41_is_refused() {
     let client = TestClient::new();
 
     let (listen, admin) = (free_addr(), free_addr());
-    let mut proxy = start_proxy(listen, admin, &upstream.url(), &data, Some(1), &log).await;
+    let mut proxy = spawn_http_proxy(listen, admin, &upstream.url(), &data, Some(1), &log).await;
     upstream.hold(42);
     let c = client.clone();
     let in_flight = tokio::spawn(async move { c.write(listen, "/write", 42).await });
@@ -89,7 +64,7 @@ async fn t71_kill9_after_forwarding_42_then_41_is_refused() {
 
     let (listen, admin) = (free_addr(), free_addr());
     let log2 = dir.path().join("proxy2.log");
-    let mut proxy = start_proxy(listen, admin, &upstream.url(), &data, None, &log2).await;
+    let mut proxy = spawn_http_proxy(listen, admin, &upstream.url(), &data, None, &log2).await;
     let stale = client.write(listen, "/write", 41).await.unwrap();
     assert_eq!(stale.status, Status::CONFLICT, "{:?}", stale.body);
     assert_eq!(stale.json()["current_epoch"], 42);
