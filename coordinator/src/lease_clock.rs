@@ -6,6 +6,12 @@
 //! on them: the expiry task proposes `Expire` for overdue leases, carrying the
 //! index the deadline counted from so a renewal committed meanwhile wins.
 //!
+//! A renewal confirmed by a quorum round instead of a log entry (the
+//! default, DESIGN §3.2) moves the deadline with [`LeaseClock::extend`]. It
+//! is refused once the expiry task picked the lease (the Expire entry it
+//! proposes cannot see such a renewal), so whichever of the two comes first
+//! decides, under one lock.
+//!
 //! The deadlines are *authoritative* — a Renew past its deadline is refused
 //! at once — only while this node is a leader that has taken over its
 //! inherited leases. On a follower, on a new leader still applying what it
@@ -26,6 +32,22 @@ struct Deadline {
     resource: ResourceName,
     at: Instant,
     basis_index: u64,
+    /// Handed to the expiry task: an Expire may be on its way, so a renewal
+    /// without a log entry must not succeed any more.
+    expiring: bool,
+}
+
+/// What [`LeaseClock::extend`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extended {
+    /// The lease now runs until this instant.
+    Until(Instant),
+    /// The expiry task already picked the lease: the renewal is refused
+    /// (LEASE_EXPIRED), even if the Expire then fails to commit.
+    Expiring,
+    /// This node has no authoritative deadline for it (not a ready leader,
+    /// or the lease ended meanwhile): the caller decides by the state or the log.
+    Unknown,
 }
 
 /// A lease whose deadline passed.
@@ -66,7 +88,7 @@ impl LeaseClock {
     /// A grant or renewal at `index` was applied: the lease runs `ttl` from now.
     pub fn started(&self, resource: &ResourceName, lease_id: LeaseId, ttl_ms: u64, index: u64) {
         let at = self.clock.after(Duration::from_millis(ttl_ms));
-        self.map().insert(lease_id, Deadline { resource: resource.clone(), at, basis_index: index });
+        self.map().insert(lease_id, Deadline { resource: resource.clone(), at, basis_index: index, expiring: false });
     }
 
     /// The lease ended.
@@ -83,7 +105,8 @@ impl LeaseClock {
         for (name, r) in state.resources() {
             if let Some(l) = &r.lock {
                 let at = now + Duration::from_millis(l.ttl_ms) + extra;
-                map.insert(l.lease_id, Deadline { resource: name.clone(), at, basis_index: l.renewed_index });
+                let d = Deadline { resource: name.clone(), at, basis_index: l.renewed_index, expiring: false };
+                map.insert(l.lease_id, d);
             }
         }
     }
@@ -104,14 +127,37 @@ impl LeaseClock {
         self.authoritative.load(Ordering::SeqCst) && self.deadline(lease_id).is_some_and(|at| at <= self.clock.now())
     }
 
-    /// Leases whose deadline has passed, at most `limit` of them.
+    /// A renewal confirmed by a quorum round (no log entry): the lease runs
+    /// `ttl` from now, unless the expiry task already picked it.
+    pub fn extend(&self, lease_id: &LeaseId, ttl_ms: u64) -> Extended {
+        if !self.is_authoritative() {
+            return Extended::Unknown;
+        }
+        let at = self.clock.after(Duration::from_millis(ttl_ms));
+        match self.map().get_mut(lease_id) {
+            None => Extended::Unknown,
+            Some(d) if d.expiring => Extended::Expiring,
+            Some(d) => {
+                d.at = d.at.max(at);
+                Extended::Until(d.at)
+            }
+        }
+    }
+
+    /// Leases whose deadline has passed, at most `limit` of them, for the
+    /// expiry task: each is marked so that no renewal without a log entry
+    /// succeeds from now on (the mark goes with the lease, or when a
+    /// renewal through the log restarts it).
     pub fn overdue(&self, limit: usize) -> Vec<Overdue> {
         let now = self.clock.now();
         self.map()
-            .iter()
+            .iter_mut()
             .filter(|(_, d)| d.at <= now)
             .take(limit)
-            .map(|(id, d)| Overdue { resource: d.resource.clone(), lease_id: *id, basis_index: d.basis_index })
+            .map(|(id, d)| {
+                d.expiring = true;
+                Overdue { resource: d.resource.clone(), lease_id: *id, basis_index: d.basis_index }
+            })
             .collect()
     }
 
@@ -144,6 +190,30 @@ mod tests {
         assert!(!c.is_overdue(&l));
         tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(c.overdue(10), vec![Overdue { resource: r, lease_id: l, basis_index: 7 }]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_without_an_entry_loses_to_an_expiry_already_picked() {
+        let c = LeaseClock::new(Clock);
+        let r = ResourceName::new("a").unwrap();
+        let (l, other) = (LeaseId::from_u128(1), LeaseId::from_u128(2));
+        c.started(&r, l, 3_000, 7);
+        // Not a ready leader: the log decides.
+        assert_eq!(c.extend(&l, 3_000), Extended::Unknown);
+        c.set_authoritative(true);
+        assert_eq!(c.extend(&other, 3_000), Extended::Unknown, "a lease this node does not track");
+        tokio::time::advance(Duration::from_millis(2_000)).await;
+        let Extended::Until(at) = c.extend(&l, 3_000) else { panic!("a live lease is extended") };
+        assert_eq!(c.deadline(&l), Some(at));
+        assert_eq!(at, Clock.after(Duration::from_millis(3_000)), "ttl from the renewal, not from the grant");
+        // Never moved earlier by a shorter ttl.
+        assert_eq!(c.extend(&l, 1_000), Extended::Until(at));
+        tokio::time::advance(Duration::from_millis(3_000)).await;
+        assert_eq!(c.overdue(10).len(), 1, "overdue now, and handed to the expiry task");
+        assert_eq!(c.extend(&l, 3_000), Extended::Expiring, "an Expire may be on its way");
+        // A renewal through the log (applied) restarts the lease and clears the mark.
+        c.started(&r, l, 3_000, 9);
+        assert!(matches!(c.extend(&l, 3_000), Extended::Until(_)));
     }
 
     #[tokio::test(start_paused = true)]

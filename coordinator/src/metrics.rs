@@ -90,6 +90,8 @@ pub struct Metrics {
     pub expirations: Counter,
     /// Renewals refused (not holder, expired, unavailable).
     pub renew_failures: Counter,
+    /// Renewals confirmed by a quorum round without a log entry.
+    pub renewals_confirmed: Counter,
     /// Acquires answered from the dedup table (retries).
     pub dedup_hits: Counter,
     /// Connections closed at accept because the port had its maximum open
@@ -165,6 +167,7 @@ impl Metrics {
             parked_calls: Gauge::default(),
             expirations: Counter::default(),
             renew_failures: Counter::default(),
+            renewals_confirmed: Counter::default(),
             dedup_hits: Counter::default(),
             connections_refused: Counter::default(),
             leader_changes: Counter::default(),
@@ -230,6 +233,11 @@ impl Metrics {
         r.register("parked_calls", "Acquire calls parked on this node", m.parked_calls.clone());
         r.register("lease_expirations", "Leases ended by expiry", m.expirations.clone());
         r.register("renew_failures", "Renewals refused", m.renew_failures.clone());
+        r.register(
+            "renewals_confirmed",
+            "Renewals confirmed by a quorum round on the leader, without a log entry",
+            m.renewals_confirmed.clone(),
+        );
         r.register("dedup_hits", "Acquires answered from the request-id table", m.dedup_hits.clone());
         r.register(
             "connections_refused",

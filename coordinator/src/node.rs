@@ -494,6 +494,7 @@ impl Node {
             peer_tls: peer_tls.clone(),
             leader: leader_rx,
             leadership_lost: watch::Sender::new(0),
+            writes_in_flight: std::sync::atomic::AtomicUsize::new(0),
         });
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);

@@ -29,6 +29,11 @@ pub struct Policy {
     pub unclaimed_slot_grace: Duration,
     /// Largest ListLocks page.
     pub max_page_size: u32,
+    /// Write every renewal as a raft entry (each node then applies it and
+    /// its audit log records it). Off: a renewal is confirmed by a quorum
+    /// round on the leader without an entry (DESIGN §3.2), a third less log
+    /// traffic at the seed mix.
+    pub renewals_in_log: bool,
 }
 
 impl Policy {
@@ -45,6 +50,7 @@ impl Policy {
             write_timeout: Duration::from_secs(5),
             unclaimed_slot_grace: Duration::from_secs(10),
             max_page_size: 1000,
+            renewals_in_log: false,
         }
     }
 

@@ -37,10 +37,19 @@ pub(crate) struct ObservabilityArgs {
     #[arg(long, env = "FENCER_AUDIT_MAX_FILES", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=1000))]
     audit_max_files: u32,
 
-    /// Leave renewals out of the audit log (at the seed scale a third of all
-    /// lines).
+    /// With --renewals-in-log: leave renewals out of the audit log (at the
+    /// seed scale a third of all lines). Without it renewals write no log
+    /// entry, so no audit line either.
     #[arg(long, env = "FENCER_AUDIT_SKIP_RENEWALS")]
     audit_skip_renewals: bool,
+
+    /// Write every renewal as a raft entry, as before: each node applies it
+    /// and its audit log records it, at about a third more log traffic at
+    /// the seed mix. By default the leader confirms a renewal with a quorum
+    /// round (ReadIndex) and writes no entry, so renewals are not in the
+    /// audit log (docs/coordinator.md, "Renewals").
+    #[arg(long, env = "FENCER_RENEWALS_IN_LOG")]
+    renewals_in_log: bool,
 
     /// Resources tracked for `fencer top` (memory: about 600 bytes each).
     #[arg(long, env = "FENCER_HOT_CAPACITY", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -98,6 +107,9 @@ impl ObservabilityArgs {
             max_files: self.audit_max_files,
             renewals: !self.audit_skip_renewals,
         });
+        let mut policy = config.policy();
+        policy.renewals_in_log = self.renewals_in_log;
+        config.policy = Some(policy);
         config.hot_capacity = self.hot_capacity as usize;
         config.log_control = Some(log);
     }

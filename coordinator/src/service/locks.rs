@@ -262,6 +262,20 @@ impl LockService {
             self.inner.metrics.renew_failures.inc();
             return Err(LockError::LeaseExpired);
         }
+        if !self.inner.policy.renewals_in_log && self.inner.leases.is_authoritative() && self.has_quorum_lease() {
+            match self.renew_confirmed(&resource, &lease_id).await {
+                Ok(Some(renewed)) => {
+                    self.inner.metrics.renewals_confirmed.inc();
+                    return Ok(renewed);
+                }
+                // No authoritative deadline: the log decides, as below.
+                Ok(None) => {}
+                Err(e) => {
+                    self.inner.metrics.renew_failures.inc();
+                    return Err(e);
+                }
+            }
+        }
         match self.propose(Command::Renew { resource, lease_id }).await {
             Ok(Outcome::Renewed { token, ttl_ms }) => {
                 Ok(Renewed { token, ttl_ms, expires_at_unix_ms: self.expires_at(&lease_id, ttl_ms) })
@@ -274,6 +288,35 @@ impl LockService {
                 self.inner.metrics.renew_failures.inc();
                 Err(e)
             }
+        }
+    }
+
+    /// A renewal without a log entry (DESIGN §3.2, the default): a quorum
+    /// acknowledges this leader after the request arrived (ReadIndex), the
+    /// state applied up to that point says the lease is current, and its
+    /// deadline moves to `now + ttl` unless the expiry task picked it first.
+    /// I5 as it applies to renewals: success is reported only once a
+    /// majority confirmed, after the request arrived, that this node leads;
+    /// a deposed or cut-off leader gets no such confirmation. I6: a leader
+    /// elected later restarts the lease at `ttl` + the election timeout from
+    /// its election, which follows that confirmation. `None`: this node has
+    /// no authoritative deadline for the lease, so the caller proposes a
+    /// Renew entry instead.
+    async fn renew_confirmed(&self, resource: &ResourceName, lease_id: &LeaseId) -> Result<Option<Renewed>, LockError> {
+        use crate::lease_clock::Extended;
+        self.confirm_quorum().await?;
+        let current = self.inner.sm.read().renewable(resource, lease_id);
+        let (token, ttl_ms) = current.map_err(|r| self.refusal(Outcome::Rejected(r)))?;
+        match self.inner.leases.extend(lease_id, ttl_ms) {
+            Extended::Until(at) => {
+                Ok(Some(Renewed { token, ttl_ms, expires_at_unix_ms: self.inner.clock.to_wall_ms(at) }))
+            }
+            Extended::Expiring => Err(LockError::LeaseExpired),
+            // The lease may have ended between the two looks: the state says.
+            Extended::Unknown => match self.inner.sm.read().renewable(resource, lease_id) {
+                Err(r) => Err(self.refusal(Outcome::Rejected(r))),
+                Ok(_) => Ok(None),
+            },
         }
     }
 

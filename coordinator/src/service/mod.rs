@@ -45,6 +45,10 @@ pub(crate) use self::keys::register_keys;
 pub use self::locks::{AcquireRequest, ForceReleased, Granted, LockView, Released, Renewed};
 pub use self::status::{Health, MemberView, StatusView};
 
+/// How long a renewal waits for the replication of other writes to confirm
+/// this leader before it asks for a heartbeat round of its own.
+const PIGGYBACK_WAIT: Duration = Duration::from_millis(20);
+
 pub(crate) struct ServiceInner {
     pub(crate) raft: RaftHandle,
     pub(crate) sm: StateMachineStore,
@@ -76,6 +80,26 @@ pub(crate) struct ServiceInner {
     /// How this node calls its peers (https with its certificate when the
     /// cluster runs TLS): signing-key registrations go to the leader this way.
     pub(crate) peer_tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Proposals of this node waiting for their commit: while there are
+    /// any, their replication carries the quorum confirmation a renewal
+    /// needs, without a heartbeat round of its own.
+    pub(crate) writes_in_flight: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a proposal in [`ServiceInner::writes_in_flight`] while it lives.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn new(n: &'a std::sync::atomic::AtomicUsize) -> Self {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// The lock operations of one node. Cheap to clone.
@@ -130,6 +154,7 @@ impl LockService {
     async fn propose_indexed(&self, cmd: Command) -> Result<(u64, Outcome), LockError> {
         let entry = LogCommand { at_ms: self.inner.clock.wall_ms(), cmd };
         let started = self.inner.clock.now();
+        let _in_flight = InFlight::new(&self.inner.writes_in_flight);
         let write = async {
             match self.inner.raft.client_write(entry.clone()).await {
                 // A leader elected a moment ago has no quorum acknowledgement
@@ -276,6 +301,29 @@ impl LockService {
     fn propose_detached(&self, cmd: Command) -> JoinHandle<Result<Outcome, LockError>> {
         let svc = self.clone();
         tokio::spawn(async move { svc.propose(cmd).await }.in_current_span())
+    }
+
+    /// Waits until a quorum acknowledged a replication request this leader
+    /// sent after the call (ReadIndex, never a lease) and the state applied
+    /// everything committed before it: the confirmation of a renewal
+    /// without a log entry (DESIGN §3.2). While other writes are in flight
+    /// their replication carries it (no extra round trip); otherwise, or if
+    /// none qualifies within [`PIGGYBACK_WAIT`], a heartbeat round does.
+    pub(crate) async fn confirm_quorum(&self) -> Result<(), LockError> {
+        use std::sync::atomic::Ordering;
+        if self.inner.writes_in_flight.load(Ordering::Relaxed) > 0 {
+            let option = openraft::LinearizerOption::new(Some(Duration::ZERO), false).with_wait_timeout(PIGGYBACK_WAIT);
+            match self.inner.raft.ensure_linearizable(option).await {
+                Ok(_) => return Ok(()),
+                Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f))) => {
+                    return Err(not_leader(&f));
+                }
+                Err(RaftError::Fatal(_)) => return Err(LockError::ShuttingDown),
+                // No qualifying acknowledgement in time: ask with a round.
+                Err(RaftError::APIError(_)) => {}
+            }
+        }
+        self.linearize().await
     }
 
     /// Waits until reads on this node are linearizable (ReadIndex, never lease reads).

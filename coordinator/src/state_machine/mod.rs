@@ -381,13 +381,24 @@ impl LockState {
         }
     }
 
+    /// Whether `lease_id` is the current lease of `resource`, so a renewal
+    /// of it succeeds: its token and ttl, or the refusal a Renew entry would
+    /// apply as. The one rule for renewals through the log and for the
+    /// leader's renewals confirmed by a quorum round (DESIGN §3.2).
+    pub fn renewable(&self, resource: &ResourceName, lease_id: &LeaseId) -> Result<(FencingToken, u64), Rejection> {
+        match self.current_lock(resource) {
+            Some(lock) if lock.lease_id == *lease_id => Ok((lock.token, lock.ttl_ms)),
+            _ => Err(self.not_current(resource, lease_id)),
+        }
+    }
+
     fn renew(&mut self, index: u64, resource: &ResourceName, lease_id: &LeaseId, events: &mut Vec<Event>) -> Outcome {
+        if let Err(rejection) = self.renewable(resource, lease_id) {
+            return Outcome::Rejected(rejection);
+        }
         let Some(lock) = self.resources.get_mut(resource).and_then(|r| r.lock.as_mut()) else {
             return Outcome::Rejected(self.not_current(resource, lease_id));
         };
-        if lock.lease_id != *lease_id {
-            return Outcome::Rejected(self.not_current(resource, lease_id));
-        }
         lock.renewed_index = index;
         let (token, ttl_ms, holder) = (lock.token, lock.ttl_ms, lock.holder.clone());
         self.changes.resources.insert(resource.clone());

@@ -22,11 +22,21 @@ fn lines(dir: &Path) -> Vec<AuditRecord> {
     out
 }
 
+/// A node on `dir` that writes renewals as log entries (`--renewals-in-log`),
+/// so that its audit log records them.
+fn logged_renewals(dir: &Path) -> fencer_coordinator::NodeConfig {
+    let mut config = fast_config(dir);
+    let mut policy = config.policy();
+    policy.renewals_in_log = true;
+    config.policy = Some(policy);
+    config
+}
+
 /// Starts a node on a data dir a stopped node just left: its store threads
 /// may hold the files for a moment longer.
 async fn restart(dir: &Path) -> fencer_coordinator::Node {
     for _ in 0..200 {
-        match fencer_coordinator::Node::start(fast_config(dir)).await {
+        match fencer_coordinator::Node::start(logged_renewals(dir)).await {
             Ok(node) => {
                 node.wait_for_leader(Duration::from_secs(10)).await.expect("leader elected");
                 for _ in 0..200 {
@@ -51,7 +61,7 @@ fn shape(r: &AuditRecord) -> (AuditOp, AuditOutcome, Option<&str>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t63_one_line_per_change_with_its_token_and_index_exactly_once_across_replay() {
     let dir = tempfile::tempdir().unwrap();
-    let node = start(dir.path()).await;
+    let node = start_with(logged_renewals(dir.path())).await;
     let audit_dir = node.audit_dir().expect("audit is on by default").to_path_buf();
     let mut c = client(&node).await;
     let mut admin = AdminClient::connect(format!("http://{}", node.local_addr())).await.unwrap();
@@ -181,6 +191,36 @@ async fn t63_one_line_per_change_with_its_token_and_index_exactly_once_across_re
     let last = second.last().unwrap();
     assert_eq!((last.op, last.log_index, last.token), (Acquire, h.fencing_token, Some(h.fencing_token)));
     assert_eq!(skipped, first.len() as u64, "every replayed line was recognised as already written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t63_by_default_a_renewal_writes_no_log_entry_and_no_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path()).await;
+    let audit_dir = node.audit_dir().expect("audit is on by default").to_path_buf();
+    let mut c = client(&node).await;
+    let a = acquire(&mut c, "aud/r", "audit-r-0001", 5_000, 0).await.unwrap();
+    let before = node.service().status().last_log_index;
+    let mut expiry = a.expires_at_unix_ms;
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let r = c.renew(RenewRequest { resource: "aud/r".into(), lease_id: a.lease_id.clone() }).await.unwrap();
+        let r = r.into_inner();
+        assert!(r.expires_at_unix_ms > expiry, "each renewal moves the deadline: {r:?} after {expiry}");
+        expiry = r.expires_at_unix_ms;
+    }
+    // A renewal of a lease that is not current is refused as through the log.
+    let stale = c.renew(RenewRequest { resource: "aud/r".into(), lease_id: "0".repeat(32) }).await.unwrap_err();
+    assert_eq!(reason(&stale), "NOT_HOLDER");
+    assert_eq!(node.service().status().last_log_index, before, "renewals confirmed without a log entry");
+    assert_eq!(node.metrics().renewals_confirmed.get(), 5);
+    c.release(ReleaseRequest { resource: "aud/r".into(), lease_id: a.lease_id.clone() }).await.unwrap();
+    let released = c.renew(RenewRequest { resource: "aud/r".into(), lease_id: a.lease_id.clone() }).await.unwrap_err();
+    assert_eq!(reason(&released), "NOT_HOLDER", "a released lease is not renewed");
+    node.shutdown().await;
+    let ops: Vec<_> = lines(&audit_dir).iter().map(|l| l.op).collect();
+    assert!(!ops.contains(&AuditOp::Renew), "no renew line without --renewals-in-log: {ops:?}");
+    assert!(ops.contains(&AuditOp::Release), "{ops:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
