@@ -379,7 +379,16 @@ impl RaftService {
         })
     }
 
-    /// Refuses an append, vote or snapshot request whose vote names this
+    /// The request of a unary raft RPC from an authenticated peer, checked
+    /// for cluster and routing ([`Self::check`]) and decoded, with its sender.
+    fn open<T: DeserializeOwned>(&self, request: Request<RaftPayload>, what: &str) -> Result<(NodeId, T), Status> {
+        self.authenticate(&request)?;
+        let p = request.into_inner();
+        self.check(&p.cluster_id, p.from, p.to)?;
+        Ok((p.from, decode(&p.data, what).map_err(bad_payload)?))
+    }
+
+    /// Refuses an append, vote, pre-vote or snapshot request whose vote names this
     /// node ([`own_vote`]), logging it.
     fn not_mine(&self, what: &str, from: NodeId, vote: &Vote) -> Result<(), Status> {
         own_vote(self.node_id, what, vote).map_err(|why| {
@@ -433,36 +442,25 @@ fn bad_payload(e: std::io::Error) -> Status {
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
     async fn append_entries(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        self.authenticate(&request)?;
-        let p = request.into_inner();
-        self.check(&p.cluster_id, p.from, p.to)?;
-        let req: AppendEntriesRequest<TypeConfig> = decode(&p.data, "append_entries").map_err(bad_payload)?;
-        self.not_mine("append_entries", p.from, &req.vote)?;
+        let (from, req): (_, AppendEntriesRequest<TypeConfig>) = self.open(request, "append_entries")?;
+        self.not_mine("append_entries", from, &req.vote)?;
         self.reply(self.raft.append_entries(req).await.map_err(|e| e.to_string()))
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        self.authenticate(&request)?;
-        let p = request.into_inner();
-        self.check(&p.cluster_id, p.from, p.to)?;
-        let req: VoteRequest<TypeConfig> = decode(&p.data, "vote").map_err(bad_payload)?;
-        self.not_mine("vote", p.from, &req.vote)?;
+        let (from, req): (_, VoteRequest<TypeConfig>) = self.open(request, "vote")?;
+        self.not_mine("vote", from, &req.vote)?;
         self.reply(self.raft.vote(req).await.map_err(|e| e.to_string()))
     }
 
     async fn pre_vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        self.authenticate(&request)?;
-        let p = request.into_inner();
-        self.check(&p.cluster_id, p.from, p.to)?;
-        let req: VoteRequest<TypeConfig> = decode(&p.data, "pre_vote").map_err(bad_payload)?;
+        let (from, req): (_, VoteRequest<TypeConfig>) = self.open(request, "pre_vote")?;
+        self.not_mine("pre_vote", from, &req.vote)?;
         self.reply(self.raft.pre_vote(req).await.map_err(|e| e.to_string()))
     }
 
     async fn transfer_leader(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        self.authenticate(&request)?;
-        let p = request.into_inner();
-        self.check(&p.cluster_id, p.from, p.to)?;
-        let req: TransferLeaderRequest<TypeConfig> = decode(&p.data, "transfer_leader").map_err(bad_payload)?;
+        let (_, req): (_, TransferLeaderRequest<TypeConfig>) = self.open(request, "transfer_leader")?;
         self.reply(self.raft.handle_transfer_leader(req).await.map_err(|e| e.to_string()))
     }
 
@@ -495,12 +493,9 @@ impl RaftRpc for RaftService {
     /// A member registers its own signing key with this leader: `from` is
     /// the node that keeps the secret, and must be a member.
     async fn register_signing_key(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        self.authenticate(&request)?;
-        let p = request.into_inner();
-        self.check(&p.cluster_id, p.from, p.to)?;
-        let reg: crate::signing::KeyRegistration = decode(&p.data, "register_signing_key").map_err(bad_payload)?;
-        if !self.svc.is_member(p.from) {
-            return Err(Status::permission_denied(format!("node {} is not a member of this cluster", p.from)));
+        let (from, reg): (_, crate::signing::KeyRegistration) = self.open(request, "register_signing_key")?;
+        if !self.svc.is_member(from) {
+            return Err(Status::permission_denied(format!("node {from} is not a member of this cluster")));
         }
         if self.raft.as_leader().is_err() {
             return self
@@ -508,7 +503,7 @@ impl RaftRpc for RaftService {
         }
         let result = self
             .svc
-            .registration_outcome(p.from, reg.kid, reg.public_key, reg.not_before_unix_ms)
+            .registration_outcome(from, reg.kid, reg.public_key, reg.not_before_unix_ms)
             .await
             .map_err(|e| e.to_string());
         self.reply(result)

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::ReadPolicy;
-use openraft::errors::{ClientWriteError, ForwardReason, ForwardToLeader, RaftError};
+use openraft::errors::{ClientWriteError, ForwardReason, ForwardToLeader, LinearizableReadError, RaftError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
@@ -314,13 +314,9 @@ impl LockService {
         if self.inner.writes_in_flight.load(Ordering::Relaxed) > 0 {
             let option = openraft::LinearizerOption::new(Some(Duration::ZERO), false).with_wait_timeout(PIGGYBACK_WAIT);
             match self.inner.raft.ensure_linearizable(option).await {
-                Ok(_) => return Ok(()),
-                Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f))) => {
-                    return Err(not_leader(&f));
-                }
-                Err(RaftError::Fatal(_)) => return Err(LockError::ShuttingDown),
                 // No qualifying acknowledgement in time: ask with a round.
-                Err(RaftError::APIError(_)) => {}
+                Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_))) => {}
+                other => return other.map(|_| ()).map_err(read_error),
             }
         }
         self.linearize().await
@@ -338,13 +334,15 @@ impl LockService {
             ) => r.map_err(|_| LockError::NoQuorum)?,
             _ = lost.changed() => return Err(LockError::NoQuorum),
         };
-        match read {
-            Ok(_) => Ok(()),
-            Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f))) => {
-                Err(not_leader(&f))
-            }
-            Err(RaftError::APIError(_)) => Err(LockError::NoQuorum),
-            Err(RaftError::Fatal(_)) => Err(LockError::ShuttingDown),
-        }
+        read.map(|_| ()).map_err(read_error)
+    }
+}
+
+/// What a failed linearizable read (ReadIndex) tells the caller.
+fn read_error(e: RaftError<TypeConfig, LinearizableReadError<TypeConfig>>) -> LockError {
+    match e {
+        RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => not_leader(&f),
+        RaftError::APIError(LinearizableReadError::QuorumNotEnough(_)) => LockError::NoQuorum,
+        RaftError::Fatal(_) => LockError::ShuttingDown,
     }
 }
