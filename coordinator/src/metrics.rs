@@ -119,6 +119,8 @@ pub struct Metrics {
     pub apply_seconds: Histogram,
     /// Entries per applied batch.
     pub apply_batch_entries: Histogram,
+    /// Items per Batch call received (the client library's batching).
+    pub batch_items: Histogram,
     /// Time of one durable raft-log group commit (redb write + fsync).
     pub fsync_seconds: Histogram,
     /// Operations covered by one group commit.
@@ -181,6 +183,7 @@ impl Metrics {
             commit_seconds: latency(),
             apply_seconds: latency(),
             apply_batch_entries: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
+            batch_items: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
             fsync_seconds: latency(),
             group_commit_ops: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             state_persist_seconds: latency(),
@@ -279,6 +282,7 @@ impl Metrics {
             m.apply_seconds.clone(),
         );
         r.register("raft_apply_batch_entries", "Entries per applied batch", m.apply_batch_entries.clone());
+        r.register("batch_items", "Items per Batch call received", m.batch_items.clone());
         r.register_with_unit(
             "raft_log_fsync_duration",
             "Durable group commit of the raft log",

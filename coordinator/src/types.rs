@@ -21,6 +21,8 @@ pub const MAX_REQUEST_ID_LEN: usize = 128;
 pub const MAX_HOLDER_LEN: usize = 256;
 /// Longest caller or reason an operator attaches to an audited action, in bytes.
 pub const MAX_AUDIT_TEXT_LEN: usize = 1024;
+/// Most items in one Batch call.
+pub(crate) const MAX_BATCH_ITEMS: usize = 256;
 
 /// Why a field was refused. The `Display` text names the field and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -111,6 +113,21 @@ pub enum InvalidField {
     /// The prefix of a listing is not a valid resource prefix.
     #[error("prefix: {0}")]
     Prefix(String),
+    /// A Batch call with no items or more than [`MAX_BATCH_ITEMS`].
+    #[error("items: {count} items is outside 1..={MAX_BATCH_ITEMS}")]
+    BatchItems {
+        /// The number of items sent.
+        count: usize,
+    },
+    /// A batch item that names no call.
+    #[error("call: a batch item must be an acquire, a renew or a release")]
+    BatchItemEmpty,
+    /// An acquire in a batch that asks to wait.
+    #[error("wait_timeout_ms: an acquire in a batch cannot wait ({value} ms asked); send it alone")]
+    BatchedWait {
+        /// The refused value.
+        value: u64,
+    },
 }
 
 impl InvalidField {
@@ -128,10 +145,12 @@ impl InvalidField {
             Self::Holder => "holder",
             Self::AuditText { field } => field,
             Self::Ttl { .. } => "ttl_ms",
-            Self::WaitTimeout { .. } => "wait_timeout_ms",
+            Self::WaitTimeout { .. } | Self::BatchedWait { .. } => "wait_timeout_ms",
             Self::PageSize { .. } => "page_size",
             Self::PageToken => "page_token",
             Self::Prefix(_) => "prefix",
+            Self::BatchItems { .. } => "items",
+            Self::BatchItemEmpty => "call",
         }
     }
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use fencer_proto::v1::lock_client::LockClient;
 use fencer_proto::v1::lock_server::{Lock, LockServer};
 use fencer_proto::v1::{
-    AcquireRequest, AcquireResponse, GetLockRequest, GetLockResponse, ListLocksRequest, ListLocksResponse,
-    ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse,
+    AcquireRequest, AcquireResponse, BatchRequest, BatchResponse, GetLockRequest, GetLockResponse, ListLocksRequest,
+    ListLocksResponse, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse,
 };
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -23,7 +23,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 /// One call that reached the fault layer.
 #[derive(Debug, Clone)]
 pub struct Seen {
-    /// `acquire`, `renew` or `release`.
+    /// `acquire`, `renew`, `release`, or `batch` (refused: UNIMPLEMENTED).
     pub method: &'static str,
     /// The resource it named.
     pub resource: String,
@@ -212,6 +212,14 @@ impl Lock for Shared {
         let req = request.into_inner();
         self.record("release", &req.resource, "", 0);
         self.upstream.clone().release(req).await
+    }
+
+    /// The fault layer sees calls one by one: it answers a Batch as a server
+    /// that predates Batch does, and the client falls back to single calls
+    /// (which is what the client's fallback test checks).
+    async fn batch(&self, _request: Request<BatchRequest>) -> Result<Response<BatchResponse>, Status> {
+        self.record("batch", "", "", 0);
+        Err(Status::unimplemented("fault layer: no Batch call"))
     }
 
     async fn get_lock(&self, request: Request<GetLockRequest>) -> Result<Response<GetLockResponse>, Status> {

@@ -32,11 +32,11 @@ use fencer_proto::v1::admin_server::{Admin, AdminServer};
 use fencer_proto::v1::lock_client::LockClient;
 use fencer_proto::v1::lock_server::{Lock, LockServer};
 use fencer_proto::v1::{
-    AcquireRequest, AcquireResponse, AddLearnerRequest, ChangeMembershipRequest, ForceReleaseRequest,
-    ForceReleaseResponse, GetLockRequest, GetLockResponse, ListLocksRequest, ListLocksResponse, ListSigningKeysRequest,
-    ListSigningKeysResponse, MembershipResponse, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse,
-    RetireSigningKeyRequest, RetireSigningKeyResponse, RotateSigningKeyRequest, RotateSigningKeyResponse,
-    StatusRequest, StatusResponse,
+    AcquireRequest, AcquireResponse, AddLearnerRequest, BatchError, BatchItem, BatchRequest, BatchResponse,
+    ChangeMembershipRequest, ForceReleaseRequest, ForceReleaseResponse, GetLockRequest, GetLockResponse,
+    ListLocksRequest, ListLocksResponse, ListSigningKeysRequest, ListSigningKeysResponse, MembershipResponse,
+    ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, RetireSigningKeyRequest, RetireSigningKeyResponse,
+    RotateSigningKeyRequest, RotateSigningKeyResponse, StatusRequest, StatusResponse, batch_item, batch_result,
 };
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
@@ -69,6 +69,8 @@ struct Rules {
 pub struct RelayNet {
     rules: Mutex<Rules>,
     history: Mutex<Option<Arc<History>>>,
+    /// Batch requests forwarded, and the calls they carried.
+    batches: Mutex<(usize, usize)>,
 }
 
 impl RelayNet {
@@ -113,6 +115,11 @@ impl RelayNet {
     /// Records every lock call forwarded from now on into `h`.
     pub fn record_into(&self, h: Arc<History>) {
         *self.history.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+    }
+
+    /// Batch requests the relays forwarded, and the calls they carried.
+    pub fn batches(&self) -> (usize, usize) {
+        *self.batches.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn history(&self) -> Option<Arc<History>> {
@@ -283,27 +290,67 @@ impl Raft for Forward {
     }
 }
 
+/// The history's record of an Acquire: the ttl asked for, 0 when none was
+/// (the server's default).
+fn acquire_call(m: &AcquireRequest) -> Call {
+    Call::Acquire { resource: m.resource.clone(), request_id: m.request_id.clone(), ttl_ms: m.ttl_ms.unwrap_or(0) }
+}
+
+fn acquire_answer(r: Result<&AcquireResponse, &Status>) -> Answer {
+    match r {
+        Ok(g) => Answer::Granted { lease_id: g.lease_id.clone(), token: g.fencing_token, ttl_ms: g.ttl_ms },
+        Err(s) => answer_of(s),
+    }
+}
+
+fn renew_answer(r: Result<&RenewResponse, &Status>) -> Answer {
+    match r {
+        Ok(ok) => Answer::Renewed { token: ok.fencing_token },
+        Err(s) => answer_of(s),
+    }
+}
+
+fn release_answer(r: Result<&ReleaseResponse, &Status>) -> Answer {
+    match r {
+        Ok(ok) if ok.was_holder => Answer::Released,
+        Ok(_) => Answer::AlreadyReleased,
+        Err(s) => answer_of(s),
+    }
+}
+
+/// One batch item as the history records it, with its answer; `granted`
+/// says whether it is an acquire the node granted.
+fn batch_record(item: &BatchItem, result: Option<&batch_result::Result>) -> Option<(Call, Answer, bool)> {
+    use batch_result::Result as R;
+    let error = match result {
+        Some(R::Error(e)) => Some(Status::with_details(e.code.into(), e.message.clone(), e.details.clone().into())),
+        _ => None,
+    };
+    let missing = Status::internal("relay: the node answered the item with nothing");
+    let failed = error.as_ref().unwrap_or(&missing);
+    Some(match (item.call.as_ref()?, result) {
+        (batch_item::Call::Acquire(m), Some(R::Acquire(g))) => (acquire_call(m), acquire_answer(Ok(g)), true),
+        (batch_item::Call::Acquire(m), _) => (acquire_call(m), acquire_answer(Err(failed)), false),
+        (batch_item::Call::Renew(m), r) => {
+            let answer = if let Some(R::Renew(ok)) = r { renew_answer(Ok(ok)) } else { renew_answer(Err(failed)) };
+            (Call::Renew { resource: m.resource.clone(), lease_id: m.lease_id.clone() }, answer, false)
+        }
+        (batch_item::Call::Release(m), r) => {
+            let answer =
+                if let Some(R::Release(ok)) = r { release_answer(Ok(ok)) } else { release_answer(Err(failed)) };
+            (Call::Release { resource: m.resource.clone(), lease_id: m.lease_id.clone() }, answer, false)
+        }
+    })
+}
+
 #[tonic::async_trait]
 impl Lock for Forward {
     async fn acquire(&self, req: Request<AcquireRequest>) -> Result<Response<AcquireResponse>, Status> {
         let req = onward(req);
-        let m = req.get_ref();
-        // The history records the ttl asked for; 0 when none was (the server's default).
-        let call = Call::Acquire {
-            resource: m.resource.clone(),
-            request_id: m.request_id.clone(),
-            ttl_ms: m.ttl_ms.unwrap_or(0),
-        };
+        let call = acquire_call(req.get_ref());
         let sent = self.now();
         let r = self.lock.clone().acquire(req).await;
-        let answer = match &r {
-            Ok(g) => {
-                let g = g.get_ref();
-                Answer::Granted { lease_id: g.lease_id.clone(), token: g.fencing_token, ttl_ms: g.ttl_ms }
-            }
-            Err(s) => answer_of(s),
-        };
-        self.record(call, sent, answer);
+        self.record(call, sent, acquire_answer(r.as_ref().map(Response::get_ref)));
         if r.is_ok() && self.net.take_acquire_loss(self.node) {
             return Err(Status::unavailable("relay: the answer was lost after the node answered (fault injection)"));
         }
@@ -315,11 +362,7 @@ impl Lock for Forward {
         let call = Call::Renew { resource: req.get_ref().resource.clone(), lease_id: req.get_ref().lease_id.clone() };
         let sent = self.now();
         let r = self.lock.clone().renew(req).await;
-        let answer = match &r {
-            Ok(ok) => Answer::Renewed { token: ok.get_ref().fencing_token },
-            Err(s) => answer_of(s),
-        };
-        self.record(call, sent, answer);
+        self.record(call, sent, renew_answer(r.as_ref().map(Response::get_ref)));
         r
     }
 
@@ -328,12 +371,40 @@ impl Lock for Forward {
         let call = Call::Release { resource: req.get_ref().resource.clone(), lease_id: req.get_ref().lease_id.clone() };
         let sent = self.now();
         let r = self.lock.clone().release(req).await;
-        let answer = match &r {
-            Ok(ok) if ok.get_ref().was_holder => Answer::Released,
-            Ok(_) => Answer::AlreadyReleased,
-            Err(s) => answer_of(s),
-        };
-        self.record(call, sent, answer);
+        self.record(call, sent, release_answer(r.as_ref().map(Response::get_ref)));
+        r
+    }
+
+    /// Every item is recorded as the call it carries, with its own answer.
+    /// Losing an acquire's answer loses the whole batch's answer (one
+    /// response carries them all); that counts as one lost answer.
+    async fn batch(&self, req: Request<BatchRequest>) -> Result<Response<BatchResponse>, Status> {
+        let req = onward(req);
+        let items = req.get_ref().items.clone();
+        {
+            let mut b = self.net.batches.lock().unwrap_or_else(|p| p.into_inner());
+            *b = (b.0 + 1, b.1 + items.len());
+        }
+        let sent = self.now();
+        let r = self.lock.clone().batch(req).await;
+        let mut granted_any = false;
+        for (i, item) in items.iter().enumerate() {
+            let result = match &r {
+                Ok(resp) => resp.get_ref().results.get(i).and_then(|x| x.result.clone()),
+                Err(s) => Some(batch_result::Result::Error(BatchError {
+                    code: s.code().into(),
+                    message: s.message().to_string(),
+                    details: s.details().to_vec(),
+                })),
+            };
+            if let Some((call, answer, granted)) = batch_record(item, result.as_ref()) {
+                granted_any |= granted;
+                self.record(call, sent, answer);
+            }
+        }
+        if granted_any && self.net.take_acquire_loss(self.node) {
+            return Err(Status::unavailable("relay: the answer was lost after the node answered (fault injection)"));
+        }
         r
     }
 

@@ -6,11 +6,12 @@ use fencer_proto::UNREACHABLE_HEADER;
 use fencer_proto::v1::admin_server::Admin;
 use fencer_proto::v1::lock_server::Lock;
 use fencer_proto::v1::{
-    AcquireRequest, AcquireResponse, AddLearnerRequest, ChangeMembershipRequest, ForceReleaseRequest,
-    ForceReleaseResponse, GetLockRequest, GetLockResponse, ListLocksRequest, ListLocksResponse, ListSigningKeysRequest,
-    ListSigningKeysResponse, MembershipResponse, NodeStatus, ReleaseRequest, ReleaseResponse, RenewRequest,
-    RenewResponse, RetireSigningKeyRequest, RetireSigningKeyResponse, RotateSigningKeyRequest,
-    RotateSigningKeyResponse, StatusRequest, StatusResponse,
+    AcquireRequest, AcquireResponse, AddLearnerRequest, BatchError, BatchItem, BatchRequest, BatchResponse,
+    BatchResult, ChangeMembershipRequest, ForceReleaseRequest, ForceReleaseResponse, GetLockRequest, GetLockResponse,
+    ListLocksRequest, ListLocksResponse, ListSigningKeysRequest, ListSigningKeysResponse, MembershipResponse,
+    NodeStatus, ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, RetireSigningKeyRequest,
+    RetireSigningKeyResponse, RotateSigningKeyRequest, RotateSigningKeyResponse, StatusRequest, StatusResponse,
+    batch_item, batch_result,
 };
 use tonic::{Request, Response, Status};
 
@@ -18,9 +19,10 @@ use super::call::{self, observed};
 use super::errors::to_status;
 use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::service::{LockError, LockService, LockView, StatusView};
+use crate::service::{LockError, LockService, LockView, QuorumConfirmation, StatusView};
 use crate::tenants::{Authenticator, Caller, Permission};
 use crate::tls::ConnInfo;
+use crate::types::{InvalidField, MAX_BATCH_ITEMS};
 
 /// `fencer.v1.Lock`.
 pub(crate) struct LockApi {
@@ -70,14 +72,15 @@ pub(crate) fn view_to_proto(v: LockView) -> GetLockResponse {
     }
 }
 
-#[tonic::async_trait]
-impl Lock for LockApi {
-    async fn acquire(&self, request: Request<AcquireRequest>) -> Result<Response<AcquireResponse>, Status> {
-        self.await_leader(&request).await;
-        let who = caller(&self.auth, &request);
-        let r = request.into_inner();
-        let g = call::acquire(&self.svc, &self.metrics, who, r.into()).await.map_err(|e| to_status(&e))?;
-        Ok(Response::new(AcquireResponse {
+impl LockApi {
+    /// One Acquire on `who`'s behalf, alone or as a batch item.
+    async fn acquire_call(
+        &self,
+        who: Result<Caller, LockError>,
+        r: AcquireRequest,
+    ) -> Result<AcquireResponse, LockError> {
+        let g = call::acquire(&self.svc, &self.metrics, who, r.into()).await?;
+        Ok(AcquireResponse {
             lease_id: g.grant.lease_id.to_string(),
             fencing_token: g.grant.token.0,
             ttl_ms: g.grant.ttl_ms,
@@ -86,37 +89,106 @@ impl Lock for LockApi {
             waited: g.grant.waited,
             request_id: g.request_id.to_string(),
             signed_token: g.signed_token.unwrap_or_default(),
-        }))
+        })
+    }
+
+    /// One Renew, confirmed by `confirmation` (a batch's renewals share one).
+    async fn renew_call(
+        &self,
+        who: Result<Caller, LockError>,
+        r: RenewRequest,
+        confirmation: &QuorumConfirmation,
+    ) -> Result<RenewResponse, LockError> {
+        // A lease id works only with its own resource, so checking the
+        // resource named here makes another tenant's lease id useless.
+        let call = async {
+            who?.check(Permission::Acquire, &r.resource)?;
+            self.svc.renew_with(&r.resource, &r.lease_id, confirmation).await
+        };
+        let ok = observed(&self.metrics, "renew", &r.resource, call).await?;
+        Ok(RenewResponse { ttl_ms: ok.ttl_ms, expires_at_unix_ms: ok.expires_at_unix_ms, fencing_token: ok.token.0 })
+    }
+
+    /// One Release.
+    async fn release_call(
+        &self,
+        who: Result<Caller, LockError>,
+        r: ReleaseRequest,
+    ) -> Result<ReleaseResponse, LockError> {
+        let call = async {
+            who?.check(Permission::Acquire, &r.resource)?;
+            self.svc.release(&r.resource, &r.lease_id).await
+        };
+        let ok = observed(&self.metrics, "release", &r.resource, call).await?;
+        Ok(ReleaseResponse { released: ok.released, was_holder: ok.was_holder })
+    }
+
+    /// One item of a batch, answered as the same call sent alone would be.
+    async fn batch_item(
+        &self,
+        who: Result<Caller, LockError>,
+        item: BatchItem,
+        confirmation: &QuorumConfirmation,
+    ) -> BatchResult {
+        let result = match item.call {
+            Some(batch_item::Call::Acquire(r)) if r.wait_timeout_ms > 0 => {
+                Err(InvalidField::BatchedWait { value: r.wait_timeout_ms }.into())
+            }
+            Some(batch_item::Call::Acquire(r)) => self.acquire_call(who, r).await.map(batch_result::Result::Acquire),
+            Some(batch_item::Call::Renew(r)) => {
+                self.renew_call(who, r, confirmation).await.map(batch_result::Result::Renew)
+            }
+            Some(batch_item::Call::Release(r)) => self.release_call(who, r).await.map(batch_result::Result::Release),
+            None => Err(InvalidField::BatchItemEmpty.into()),
+        };
+        let result = result.unwrap_or_else(|e| {
+            let status = to_status(&e);
+            batch_result::Result::Error(BatchError {
+                code: status.code().into(),
+                message: status.message().to_string(),
+                details: status.details().to_vec(),
+            })
+        });
+        BatchResult { result: Some(result) }
+    }
+}
+
+#[tonic::async_trait]
+impl Lock for LockApi {
+    async fn acquire(&self, request: Request<AcquireRequest>) -> Result<Response<AcquireResponse>, Status> {
+        self.await_leader(&request).await;
+        let who = caller(&self.auth, &request);
+        self.acquire_call(who, request.into_inner()).await.map(Response::new).map_err(|e| to_status(&e))
     }
 
     async fn renew(&self, request: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
         self.await_leader(&request).await;
         let who = caller(&self.auth, &request);
-        let r = request.into_inner();
-        // A lease id works only with its own resource, so checking the
-        // resource named here makes another tenant's lease id useless.
-        let call = async {
-            who?.check(Permission::Acquire, &r.resource)?;
-            self.svc.renew(&r.resource, &r.lease_id).await
-        };
-        let ok = observed(&self.metrics, "renew", &r.resource, call).await.map_err(|e| to_status(&e))?;
-        Ok(Response::new(RenewResponse {
-            ttl_ms: ok.ttl_ms,
-            expires_at_unix_ms: ok.expires_at_unix_ms,
-            fencing_token: ok.token.0,
-        }))
+        let confirmation = QuorumConfirmation::default();
+        self.renew_call(who, request.into_inner(), &confirmation).await.map(Response::new).map_err(|e| to_status(&e))
     }
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
         self.await_leader(&request).await;
         let who = caller(&self.auth, &request);
-        let r = request.into_inner();
-        let call = async {
-            who?.check(Permission::Acquire, &r.resource)?;
-            self.svc.release(&r.resource, &r.lease_id).await
-        };
-        let ok = observed(&self.metrics, "release", &r.resource, call).await.map_err(|e| to_status(&e))?;
-        Ok(Response::new(ReleaseResponse { released: ok.released, was_holder: ok.was_holder }))
+        self.release_call(who, request.into_inner()).await.map(Response::new).map_err(|e| to_status(&e))
+    }
+
+    /// The items run concurrently, as separate calls would; the renewals
+    /// among them share one quorum confirmation (DESIGN §3.2: one ReadIndex
+    /// per batch of renewals), asked after every item arrived.
+    async fn batch(&self, request: Request<BatchRequest>) -> Result<Response<BatchResponse>, Status> {
+        self.await_leader(&request).await;
+        let who = caller(&self.auth, &request);
+        let items = request.into_inner().items;
+        if items.is_empty() || items.len() > MAX_BATCH_ITEMS {
+            return Err(to_status(&InvalidField::BatchItems { count: items.len() }.into()));
+        }
+        self.metrics.batch_items.observe(items.len() as f64);
+        let confirmation = QuorumConfirmation::default();
+        let calls = items.into_iter().map(|item| self.batch_item(who.clone(), item, &confirmation));
+        let results = futures::future::join_all(calls).await;
+        Ok(Response::new(BatchResponse { results }))
     }
 
     async fn get_lock(&self, request: Request<GetLockRequest>) -> Result<Response<GetLockResponse>, Status> {

@@ -59,6 +59,13 @@ pub struct Renewed {
     pub expires_at_unix_ms: u64,
 }
 
+/// One quorum confirmation (ReadIndex) shared by the renewals that use it:
+/// the first to need it asks, the others wait for that answer. Share one
+/// only among calls that had all arrived before its first use (a batch's
+/// items), since it vouches only for requests received before it was asked.
+#[derive(Debug, Default)]
+pub(crate) struct QuorumConfirmation(tokio::sync::OnceCell<Result<(), LockError>>);
+
 /// A successful release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Released {
@@ -252,6 +259,17 @@ impl LockService {
 
     /// Renew (DESIGN §3.2): refused at once when the leader's deadline passed.
     pub async fn renew(&self, resource: &str, lease_id: &str) -> Result<Renewed, LockError> {
+        self.renew_with(resource, lease_id, &QuorumConfirmation::default()).await
+    }
+
+    /// [`renew`](Self::renew) confirmed by `confirmation`'s quorum round,
+    /// which the renewals of one batch share.
+    pub(crate) async fn renew_with(
+        &self,
+        resource: &str,
+        lease_id: &str,
+        confirmation: &QuorumConfirmation,
+    ) -> Result<Renewed, LockError> {
         let resource = ResourceName::new(resource)?;
         let lease_id: LeaseId = lease_id.parse()?;
         self.ensure_leader()?;
@@ -263,7 +281,7 @@ impl LockService {
             return Err(LockError::LeaseExpired);
         }
         if !self.inner.policy.renewals_in_log && self.inner.leases.is_authoritative() && self.has_quorum_lease() {
-            match self.renew_confirmed(&resource, &lease_id).await {
+            match self.renew_confirmed(&resource, &lease_id, confirmation).await {
                 Ok(Some(renewed)) => {
                     self.inner.metrics.renewals_confirmed.inc();
                     return Ok(renewed);
@@ -302,9 +320,14 @@ impl LockService {
     /// its election, which follows that confirmation. `None`: this node has
     /// no authoritative deadline for the lease, so the caller proposes a
     /// Renew entry instead.
-    async fn renew_confirmed(&self, resource: &ResourceName, lease_id: &LeaseId) -> Result<Option<Renewed>, LockError> {
+    async fn renew_confirmed(
+        &self,
+        resource: &ResourceName,
+        lease_id: &LeaseId,
+        confirmation: &QuorumConfirmation,
+    ) -> Result<Option<Renewed>, LockError> {
         use crate::lease_clock::Extended;
-        self.confirm_quorum().await?;
+        confirmation.0.get_or_init(|| self.confirm_quorum()).await.clone()?;
         let current = self.inner.sm.read().renewable(resource, lease_id);
         let (token, ttl_ms) = current.map_err(|r| self.refusal(Outcome::Rejected(r)))?;
         match self.inner.leases.extend(lease_id, ttl_ms) {

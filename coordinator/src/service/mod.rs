@@ -42,6 +42,7 @@ mod status;
 
 pub use self::error::LockError;
 pub(crate) use self::keys::register_keys;
+pub(crate) use self::locks::QuorumConfirmation;
 pub use self::locks::{AcquireRequest, ForceReleased, Granted, LockView, Released, Renewed};
 pub use self::status::{Health, MemberView, StatusView};
 

@@ -15,9 +15,10 @@ use fencer_testkit::history::{Answer, Call, History, Op, check_all};
 /// Slack on top of one election timeout for timers on a busy 2-core machine.
 const SLACK: Duration = Duration::from_millis(400);
 
-/// Sends, to node `n`, an acquire of a fresh resource and a renewal of
-/// `held` every 50 ms for `run`. The calls overlap: one accepted just before
-/// the quorum lease ran out waits for its write timeout, the rest go on.
+/// Sends, to node `n`, an acquire of a fresh resource, a renewal of `held`
+/// and a Batch of two more renewals of it (sharing one quorum
+/// confirmation) every 50 ms for `run`. The calls overlap: one accepted just
+/// before the quorum lease ran out waits for its write timeout, the rest go on.
 async fn hammer(c: &Cluster, h: &History, n: NodeId, run: Duration, held: (&str, &str), tag: &str) {
     let rounds = (run.as_millis() / 50) as u64;
     let calls = (0..rounds).map(|i| async move {
@@ -25,7 +26,8 @@ async fn hammer(c: &Cluster, h: &History, n: NodeId, run: Duration, held: (&str,
         let (resource, request_id) = (format!("{tag}/new-{i}"), format!("{tag}-request-{i:04}"));
         let acquire = c.acquire(h, n, &resource, &request_id, 1_000, 0);
         let renew = c.renew(h, n, held.0, held.1);
-        let _ = tokio::join!(acquire, renew);
+        let batched = c.renew_batched(h, n, held.0, held.1, 2);
+        let _ = tokio::join!(acquire, renew, batched);
     });
     futures::future::join_all(calls).await;
 }

@@ -9,3 +9,4 @@
 mod t20_lock_api;
 mod t36_json_api;
 mod t37_connections;
+mod t38_batch;

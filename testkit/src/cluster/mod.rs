@@ -373,6 +373,41 @@ impl Cluster {
         r
     }
 
+    /// `copies` renewals of one lease in one Batch call on node `n` (they
+    /// share one quorum confirmation), each recorded in `h` with its answer.
+    pub async fn renew_batched(
+        &self,
+        h: &History,
+        n: NodeId,
+        resource: &str,
+        lease_id: &str,
+        copies: usize,
+    ) -> Result<Vec<fencer_proto::v1::BatchResult>, tonic::Status> {
+        use fencer_proto::v1::{BatchItem, BatchRequest, batch_item, batch_result};
+        let sent = h.now();
+        let item = BatchItem {
+            call: Some(batch_item::Call::Renew(RenewRequest { resource: resource.into(), lease_id: lease_id.into() })),
+        };
+        let r = self.client(n).batch(BatchRequest { items: vec![item; copies] }).await.map(|r| r.into_inner().results);
+        for i in 0..copies {
+            let answer = match &r {
+                Ok(results) => match results.get(i).and_then(|x| x.result.as_ref()) {
+                    Some(batch_result::Result::Renew(ok)) => Answer::Renewed { token: ok.fencing_token },
+                    Some(batch_result::Result::Error(e)) => answer_of(&tonic::Status::with_details(
+                        e.code.into(),
+                        e.message.clone(),
+                        e.details.clone().into(),
+                    )),
+                    other => Answer::Unavailable { reason: format!("batch item {i}: unexpected answer {other:?}") },
+                },
+                Err(s) => answer_of(s),
+            };
+            let call = Call::Renew { resource: resource.into(), lease_id: lease_id.into() };
+            h.record(Op { client: format!("node {n}"), call, sent, answered: h.now(), answer });
+        }
+        r
+    }
+
     /// Release on node `n`, recorded in `h`.
     pub async fn release(
         &self,
