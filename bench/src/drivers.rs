@@ -133,9 +133,16 @@ pub(crate) struct FencerDriver {
 }
 
 impl FencerDriver {
-    pub(crate) fn new(endpoints: &[String], connections: usize, op_timeout: Duration) -> anyhow::Result<Self> {
+    pub(crate) fn new(
+        endpoints: &[String],
+        connections: usize,
+        batching: usize,
+        op_timeout: Duration,
+    ) -> anyhow::Result<Self> {
         let clients = (0..connections.max(1))
-            .map(|_| Client::new(endpoints.iter().cloned()).map(|c| c.with_call_timeout(op_timeout)))
+            .map(|_| {
+                Client::new(endpoints.iter().cloned()).map(|c| c.with_call_timeout(op_timeout).with_batching(batching))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self { clients, next: AtomicUsize::new(0) })
     }

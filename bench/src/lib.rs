@@ -164,6 +164,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 4)]
     connections: usize,
 
+    /// fencer's client batching: RPCs in flight on one connection before
+    /// the calls made meanwhile leave as one Batch request (the client
+    /// library's default is 2); 0 sends every call alone.
+    #[arg(long, default_value_t = 2)]
+    client_batching: usize,
+
     /// When the leader is killed in the leader-kill scenario (default: half of --duration).
     #[arg(long, value_parser = parse_duration)]
     kill_at: Option<Duration>,
@@ -431,6 +437,13 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         search: None,
         notes: plan.notes.clone(),
     };
+    report.notes.push(match args.client_batching {
+        0 => format!("fencer client: {} connections, batching off (every call its own RPC)", args.connections),
+        n => format!(
+            "fencer client: {} connections; once {n} RPCs are in flight on one, the calls made meanwhile leave as one Batch request",
+            args.connections
+        ),
+    });
     let env = Env { args: &args, bin, data_base };
 
     for scenario in &plan.scenarios {
@@ -608,8 +621,12 @@ impl Env<'_> {
             cluster.kill(f).await?;
             notes.push(format!("node {f} (a follower) was killed before the warm-up; the run had 2 of 3 nodes"));
         }
-        let driver =
-            Arc::new(Driver::Fencer(FencerDriver::new(&cluster.endpoints(), args.connections, args.op_timeout)?));
+        let driver = Arc::new(Driver::Fencer(FencerDriver::new(
+            &cluster.endpoints(),
+            args.connections,
+            args.client_batching,
+            args.op_timeout,
+        )?));
         let (tx, rx) = oneshot::channel();
         let label = format!("fencer {}", scenario.name());
         let workload = tokio::spawn(workload::run(driver, cfg.clone(), label, Some(tx)));

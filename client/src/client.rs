@@ -42,6 +42,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tracing::Instrument as _;
 
+use crate::batch::{Answer, Batcher, Batching, Call};
 use crate::error::{ClientError, Reason};
 
 /// Bound on one TLS handshake with a coordinator.
@@ -106,10 +107,30 @@ struct Inner {
     call_timeout: Duration,
     tls: Option<ClientTlsConfig>,
     auth: Auth,
+    batching: Batching,
 }
 
 /// A connection to one node, with the caller's credentials on every call.
 pub(crate) type Conn = InterceptedService<Channel, Auth>;
+
+/// One node's connection and its batching queue (`None`: batching is off).
+#[derive(Clone)]
+pub(crate) struct Node {
+    conn: Conn,
+    batcher: Option<Batcher>,
+}
+
+impl Node {
+    /// Sends `call`: through the batcher when it may share a request, or
+    /// alone (batching off, a waiting acquire, or an attempt that carries
+    /// its own metadata, which a batch could not).
+    async fn send(self, attempt: Attempt, call: Call) -> Result<Answer, tonic::Status> {
+        match self.batcher {
+            Some(b) if call.batchable() && attempt.unreachable.is_none() => b.call(call).await,
+            _ => call.send_alone(self.conn, &attempt).await,
+        }
+    }
+}
 
 /// Adds `authorization: Bearer …` to every call when a token is configured.
 #[derive(Clone, Default)]
@@ -173,7 +194,7 @@ impl ClientTls {
 
 #[derive(Default)]
 struct State {
-    channels: HashMap<String, Conn>,
+    nodes: HashMap<String, Node>,
     leader: Option<String>,
 }
 
@@ -185,7 +206,7 @@ pub(crate) struct Attempt {
 }
 
 impl Attempt {
-    fn new(unusable: &[String]) -> Self {
+    pub(crate) fn new(unusable: &[String]) -> Self {
         let named: Vec<&str> = unusable.iter().take(MAX_UNREACHABLE_NAMED).map(String::as_str).collect();
         // An address that is not a valid header value is left out: the
         // follower then answers without waiting, which is only slower.
@@ -224,6 +245,7 @@ impl Client {
             call_timeout: Duration::from_secs(10),
             tls: None,
             auth: Auth::default(),
+            batching: Batching::default(),
         };
         Ok(Self { inner: Arc::new(inner) })
     }
@@ -235,6 +257,7 @@ impl Client {
             call_timeout: self.inner.call_timeout,
             tls: self.inner.tls.clone(),
             auth: self.inner.auth.clone(),
+            batching: self.inner.batching,
         };
         change(&mut inner);
         Self { inner: Arc::new(inner) }
@@ -245,6 +268,17 @@ impl Client {
     /// it before cloning: clones made earlier keep the old value.
     pub fn with_call_timeout(self, timeout: Duration) -> Self {
         self.rebuilt(|i| i.call_timeout = timeout)
+    }
+
+    /// Sets how calls in flight at once share requests (module docs of
+    /// `batch`; on by default with 2): once `max_in_flight` RPCs are
+    /// outstanding on a node's connection, the Acquire (without a wait),
+    /// Renew and Release calls made meanwhile leave together as one Batch
+    /// request when one of them returns. A client with fewer calls in
+    /// flight sends each alone, as before. 0 turns batching off: every call
+    /// is its own RPC, however many are in flight. Call it before cloning.
+    pub fn with_batching(self, max_in_flight: usize) -> Self {
+        self.rebuilt(|i| i.batching.max_in_flight = max_in_flight)
     }
 
     /// Speaks TLS (https) to every endpoint, verifying the coordinators'
@@ -282,14 +316,22 @@ impl Client {
     }
 
     fn channel(&self, addr: &str) -> Result<Conn, ClientError> {
+        self.node(addr).map(|n| n.conn)
+    }
+
+    /// The connection to `addr` and its batcher, made on first use.
+    fn node(&self, addr: &str) -> Result<Node, ClientError> {
         let mut state = self.state();
-        if let Some(c) = state.channels.get(addr) {
-            return Ok(c.clone());
+        if let Some(n) = state.nodes.get(addr) {
+            return Ok(n.clone());
         }
-        let c =
+        let conn =
             InterceptedService::new(endpoint(addr, self.inner.tls.as_ref())?.connect_lazy(), self.inner.auth.clone());
-        state.channels.insert(addr.to_string(), c.clone());
-        Ok(c)
+        let batching = self.inner.batching;
+        let batcher = (batching.max_in_flight > 0).then(|| Batcher::start(conn.clone(), batching));
+        let node = Node { conn, batcher };
+        state.nodes.insert(addr.to_string(), node.clone());
+        Ok(node)
     }
 
     /// Runs `op` against the leader until it answers or the call's budget
@@ -306,7 +348,7 @@ impl Client {
     /// Release are idempotent.
     async fn route<T, F, Fut>(&self, extra: Duration, op: F) -> Result<T, ClientError>
     where
-        F: Fn(Conn, Attempt) -> Fut,
+        F: Fn(Node, Attempt) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let budget = self.inner.call_timeout + extra;
@@ -318,7 +360,7 @@ impl Client {
         let mut resends = 0usize;
         let call = |addr: String, unusable: &[String]| {
             let attempt = Attempt::new(unusable);
-            let conn = self.channel(&addr);
+            let conn = self.node(&addr);
             let op = &op;
             async move {
                 let result = match conn {
@@ -450,8 +492,7 @@ impl Client {
             if !first.swap(false, std::sync::atomic::Ordering::Relaxed) {
                 req.wait_timeout_ms = wait_end.saturating_duration_since(crate::clock::now()).as_millis() as u64;
             }
-            let req = attempt.request(req);
-            async move { LockClient::new(c).acquire(req).await }
+            async move { c.send(attempt, Call::Acquire(req)).await?.into_acquire().map(tonic::Response::new) }
         })
         .instrument(span)
         .await
@@ -461,8 +502,8 @@ impl Client {
     pub async fn renew(&self, resource: &str, lease_id: &str) -> Result<RenewResponse, ClientError> {
         let req = RenewRequest { resource: resource.into(), lease_id: lease_id.into() };
         self.route(Duration::ZERO, |c, attempt| {
-            let req = attempt.request(req.clone());
-            async move { LockClient::new(c).renew(req).await }
+            let call = Call::Renew(req.clone());
+            async move { c.send(attempt, call).await?.into_renew().map(tonic::Response::new) }
         })
         .instrument(tracing::debug_span!("fencer_call", op = "renew", resource))
         .await
@@ -472,8 +513,8 @@ impl Client {
     pub async fn release(&self, resource: &str, lease_id: &str) -> Result<ReleaseResponse, ClientError> {
         let req = ReleaseRequest { resource: resource.into(), lease_id: lease_id.into() };
         self.route(Duration::ZERO, |c, attempt| {
-            let req = attempt.request(req.clone());
-            async move { LockClient::new(c).release(req).await }
+            let call = Call::Release(req.clone());
+            async move { c.send(attempt, call).await?.into_release().map(tonic::Response::new) }
         })
         .instrument(tracing::debug_span!("fencer_call", op = "release", resource))
         .await
@@ -484,7 +525,7 @@ impl Client {
         let req = GetLockRequest { resource: resource.into() };
         self.route(Duration::ZERO, |c, attempt| {
             let req = attempt.request(req.clone());
-            async move { LockClient::new(c).get_lock(req).await }
+            async move { LockClient::new(c.conn).get_lock(req).await }
         })
         .await
     }
@@ -494,7 +535,7 @@ impl Client {
         let req = ListLocksRequest { prefix: prefix.into(), page_size, page_token: page_token.into() };
         self.route(Duration::ZERO, |c, attempt| {
             let req = attempt.request(req.clone());
-            async move { LockClient::new(c).list_locks(req).await }
+            async move { LockClient::new(c.conn).list_locks(req).await }
         })
         .await
     }
@@ -509,7 +550,7 @@ impl Client {
         let req = ForceReleaseRequest { resource: resource.into(), caller: caller.into(), reason: reason.into() };
         self.route(Duration::ZERO, |c, attempt| {
             let req = attempt.request(req.clone());
-            async move { AdminClient::new(c).force_release(req).await }
+            async move { AdminClient::new(c.conn).force_release(req).await }
         })
         .await
     }
@@ -519,7 +560,7 @@ impl Client {
     pub async fn signing_keys(&self) -> Result<ListSigningKeysResponse, ClientError> {
         self.route(Duration::ZERO, |c, attempt| {
             let req = attempt.request(ListSigningKeysRequest {});
-            async move { AdminClient::new(c).list_signing_keys(req).await }
+            async move { AdminClient::new(c.conn).list_signing_keys(req).await }
         })
         .await
     }
@@ -534,7 +575,7 @@ impl Client {
         let req = RetireSigningKeyRequest { kid: kid.into(), after_ms: after.as_millis() as u64, force };
         self.route(Duration::ZERO, |c, attempt| {
             let req = attempt.request(req.clone());
-            async move { AdminClient::new(c).retire_signing_key(req).await }
+            async move { AdminClient::new(c.conn).retire_signing_key(req).await }
         })
         .await
     }

@@ -10,6 +10,8 @@
 //!   time of the last successful renewal, minus a safety margin.
 //! - Unknown outcomes are retried with the same request id, so a retry never
 //!   creates a second lease or a second waiter (I7).
+//! - Calls in flight at once on one connection share Batch requests, each
+//!   still answered on its own ([`Client::with_batching`]).
 //! - [`Client::acquire_all`] takes several locks in sorted order within one
 //!   timeout (not atomic).
 //! - [`StampLayer`] stamps `Fencing-Token` on outgoing HTTP requests and
@@ -21,6 +23,8 @@
 //!
 //! # Layout
 //! - `client` — [`Client`]: endpoints, leader discovery, one call per operation.
+//! - `batch` — the per-connection queue that sends calls made while the
+//!   connection is busy as one Batch request ([`Client::with_batching`]).
 //! - `acquire` — [`AcquireBuilder`]: retries with a stable request id, the
 //!   first deadline, [`AcquireError`].
 //! - `lease` — [`Lease`] and [`LeaseHandle`] (the views of a lease, once),
@@ -63,6 +67,7 @@
 
 mod acquire;
 mod acquire_all;
+mod batch;
 mod client;
 mod clock;
 mod error;

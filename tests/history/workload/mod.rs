@@ -168,6 +168,10 @@ pub struct Ctx {
     /// The PostgreSQL sidecar's clients' password-less role, when the
     /// backend is PostgreSQL.
     pub pg_user: &'static str,
+    /// The coordinator clients, each shared by [`WORKERS_PER_CLIENT`]
+    /// workers and batching as soon as one RPC is in flight, so calls of
+    /// different workers travel in Batch requests through the relays.
+    pub clients: Vec<fencer_client::Client>,
     stop: AtomicBool,
     pauses: Mutex<BTreeSet<usize>>,
     faults: Mutex<Vec<(Duration, String)>>,
@@ -213,6 +217,9 @@ impl Outcome {
     }
 }
 
+/// Workers sharing one coordinator client (one connection per node).
+pub const WORKERS_PER_CLIENT: usize = 3;
+
 /// Coordinator flags of workload clusters: timings a loaded 2-core machine
 /// keeps up with through the relays, and frequent snapshots so restarted
 /// nodes catch up by snapshot install too.
@@ -240,8 +247,18 @@ pub async fn run(config: Config) -> Outcome {
     let mut cluster = ProcCluster::start_relayed(3, COORDINATOR_ARGS).await;
     let history = Arc::new(History::new());
     cluster.net.as_ref().expect("relayed").record_into(history.clone());
+    let endpoints = cluster.client_endpoints();
+    let clients = (0..config.workers.div_ceil(WORKERS_PER_CLIENT))
+        .map(|_| {
+            fencer_client::Client::new(endpoints.clone())
+                .expect("endpoints are valid")
+                .with_call_timeout(Duration::from_secs(2))
+                .with_batching(1)
+        })
+        .collect();
     let ctx = Arc::new(Ctx {
-        endpoints: cluster.client_endpoints(),
+        endpoints,
+        clients,
         proxy_addr: proxy.listen,
         routes,
         http: TestClient::new(),
@@ -288,7 +305,9 @@ pub async fn run(config: Config) -> Outcome {
     let all: String = ops.iter().enumerate().map(|(i, op)| report::render_op(i, op) + "\n").collect();
     let ops_path = path.with_extension("ops.txt");
     let _ = std::fs::write(&ops_path, all);
+    let (batches, batched) = cluster.net.as_ref().map_or((0, 0), |n| n.batches());
     eprintln!("{report}\n(report written to {}, every operation to {})", path.display(), ops_path.display());
+    eprintln!("history run {}: {batches} Batch requests carried {batched} calls through the relays", config.run_id);
     if !violations.is_empty() {
         eprintln!("proxy logs:\n{}", tail(&proxy.logs(), 4000));
     }

@@ -1,4 +1,5 @@
-//! One workload client: a task with its own `fencer_client::Client`. It
+//! One workload client: a task sharing a `fencer_client::Client` (its
+//! connections and their batching) with a few other workers. It
 //! acquires a resource, mostly from the hot set (sometimes waiting), writes through
 //! the proxy with its token, renews, releases (sometimes twice), and now and
 //! then stops renewing for longer than its ttl — the task's stand-in for a
@@ -31,8 +32,7 @@ struct Worker {
 }
 
 pub async fn run(ctx: Arc<Ctx>, w: usize) {
-    let client =
-        Client::new(ctx.endpoints.clone()).expect("endpoints are valid").with_call_timeout(Duration::from_secs(2));
+    let client = ctx.clients[w / super::WORKERS_PER_CLIENT].clone();
     let rng = Rng::new(ctx.config.seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut me = Worker { ctx, name: format!("w{w:02}"), client, rng, writes: 0, pg: None };
     for round in 0..me.ctx.config.max_rounds_per_worker {
