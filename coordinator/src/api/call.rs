@@ -13,14 +13,14 @@ use crate::tenants::{Caller, Permission};
 
 /// An Acquire as a front end runs it: on `who`'s behalf, in its span, with
 /// its metrics.
-pub(super) async fn acquire(
-    svc: &LockService,
-    metrics: &Metrics,
+pub(super) fn acquire<'a>(
+    svc: &'a LockService,
+    metrics: &'a Metrics,
     who: Result<Caller, LockError>,
     req: AcquireRequest,
-) -> Result<Granted, LockError> {
+) -> impl Future<Output = Result<Granted, LockError>> + 'a {
     let (op, resource) = (acquire_op(req.wait_timeout_ms), req.resource.clone());
-    observed(metrics, op, &resource, async { acquire_as(svc, &who?, req).await }).await
+    observed(metrics, op, &resource, async move { acquire_as(svc, &who?, req).await })
 }
 
 /// An Acquire on `who`'s behalf, as both front ends make it: the permission
@@ -55,12 +55,17 @@ fn acquire_op(wait_timeout_ms: u64) -> &'static str {
 /// event logged while it runs carries these fields, which is how one call
 /// is followed from its arrival to the apply of its log entry (the apply
 /// logs the same `log_index`).
-pub(super) async fn observed<T>(
-    metrics: &Metrics,
+///
+/// Built from combinators rather than as an `async fn`: an `async fn`
+/// keeps its argument future and the awaited one side by side, so every
+/// layer of wrapping doubled the size of a call's future (28 KB for one
+/// batch item), and moving those futures was a seventh of the leader's CPU.
+pub(super) fn observed<'m, T, F: Future<Output = Result<T, LockError>>>(
+    metrics: &'m Metrics,
     op: &'static str,
     resource: &str,
-    f: impl std::future::Future<Output = Result<T, LockError>>,
-) -> Result<T, LockError> {
+    f: F,
+) -> impl Future<Output = Result<T, LockError>> + use<'m, T, F> {
     let span = tracing::info_span!(
         "call",
         op,
@@ -69,9 +74,9 @@ pub(super) async fn observed<T>(
         log_index = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    async move {
-        let started = Clock.now();
-        let r = f.await;
+    let started = Clock.now();
+    // The closure runs inside the span (it is polled by `Instrumented`).
+    let finish = move |r: Result<T, LockError>| {
         let outcome = match &r {
             Ok(_) => "ok",
             Err(e) => e.metric_outcome(),
@@ -80,14 +85,15 @@ pub(super) async fn observed<T>(
         metrics.observe_request(op, outcome, elapsed);
         tracing::Span::current().record("outcome", outcome);
         match &r {
-            Err(e) if outcome == "unknown" => tracing::warn!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call ended with an unknown outcome"),
+            Err(e) if outcome == "unknown" => {
+                tracing::warn!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call ended with an unknown outcome")
+            }
             Err(e) => tracing::debug!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call refused"),
             Ok(_) => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "call done"),
         }
         r
-    }
-    .instrument(span)
-    .await
+    };
+    futures::FutureExt::map(f, finish).instrument(span)
 }
 
 /// The body of `POST /v1/acquire`. Unknown fields are refused (a

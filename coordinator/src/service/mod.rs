@@ -156,7 +156,10 @@ impl LockService {
         let entry = LogCommand { at_ms: self.inner.clock.wall_ms(), cmd };
         let started = self.inner.clock.now();
         let _in_flight = InFlight::new(&self.inner.writes_in_flight);
-        let write = async {
+        // Boxed: openraft's write future is large, and each wrapper below
+        // (timeout, select) would otherwise hold it twice, making every
+        // call's future kilobytes larger to move.
+        let write = Box::pin(async {
             match self.inner.raft.client_write(entry.clone()).await {
                 // A leader elected a moment ago has no quorum acknowledgement
                 // yet and refuses proposals until its first heartbeat round
@@ -169,7 +172,7 @@ impl LockService {
                 }
                 other => other,
             }
-        };
+        });
         let mut lost = self.inner.leadership_lost.subscribe();
         lost.borrow_and_update();
         let write = async {
@@ -314,7 +317,7 @@ impl LockService {
         use std::sync::atomic::Ordering;
         if self.inner.writes_in_flight.load(Ordering::Relaxed) > 0 {
             let option = openraft::LinearizerOption::new(Some(Duration::ZERO), false).with_wait_timeout(PIGGYBACK_WAIT);
-            match self.inner.raft.ensure_linearizable(option).await {
+            match Box::pin(self.inner.raft.ensure_linearizable(option)).await {
                 // No qualifying acknowledgement in time: ask with a round.
                 Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_))) => {}
                 other => return other.map(|_| ()).map_err(read_error),
@@ -331,7 +334,7 @@ impl LockService {
         let read = tokio::select! {
             r = tokio::time::timeout(
                 self.inner.policy.write_timeout,
-                self.inner.raft.ensure_linearizable(ReadPolicy::ReadIndex),
+                Box::pin(self.inner.raft.ensure_linearizable(ReadPolicy::ReadIndex)),
             ) => r.map_err(|_| LockError::NoQuorum)?,
             _ = lost.changed() => return Err(LockError::NoQuorum),
         };
