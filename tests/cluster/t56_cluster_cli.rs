@@ -14,7 +14,13 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 fn member(status: &Value, id: u64) -> &Value {
-    status["members"].as_array().unwrap().iter().find(|m| m["id"] == id).unwrap_or_else(|| panic!("{status}"))
+    listed(status, id).unwrap_or_else(|| panic!("{status}"))
+}
+
+/// Member `id` of a status, if it lists it (a node that joined a moment ago
+/// does not know the membership yet: the polls wait for it, never panic).
+fn listed(status: &Value, id: u64) -> Option<&Value> {
+    status["members"].as_array()?.iter().find(|m| m["id"] == id)
 }
 
 /// Polls `fencer status -o json` until `ok` holds.
@@ -40,7 +46,8 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
 
     // One endpoint is enough for the whole picture.
     let s = status_until(&c.addrs[&follower], "three healthy members", |s| {
-        (1..=3).all(|id| ["ok", "self"].contains(&member(s, id)["health"].as_str().unwrap_or_default()))
+        (1..=3)
+            .all(|id| listed(s, id).is_some_and(|m| ["ok", "self"].contains(&m["health"].as_str().unwrap_or_default())))
     })
     .await;
     let cluster_id = s["cluster_id"].as_str().unwrap().to_string();
@@ -66,7 +73,8 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
     assert_eq!(code, 0, "acquire after the leader died: {g2}");
     assert!(g2["fencing_token"].as_u64() > g1["fencing_token"].as_u64());
     let s = status_until(&eps, "the dead leader as unreachable", |s| {
-        s["leader_id"].as_u64().is_some_and(|l| l != leader) && member(s, leader)["reachable"] == false
+        s["leader_id"].as_u64().is_some_and(|l| l != leader)
+            && listed(s, leader).is_some_and(|m| m["reachable"] == false)
     })
     .await;
     assert_eq!(member(&s, leader)["state"], "unreachable");
@@ -74,7 +82,10 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
     // The killed node rejoins on its data dir: same cluster, nothing lost.
     c.restart(leader);
     c.settled(Duration::from_secs(20)).await;
-    let s = status_until(&eps, "every member back", |s| (1..=3).all(|id| member(s, id)["reachable"] == true)).await;
+    let s = status_until(&eps, "every member back", |s| {
+        (1..=3).all(|id| listed(s, id).is_some_and(|m| m["reachable"] == true))
+    })
+    .await;
     assert_eq!(s["cluster_id"], cluster_id.as_str());
     let (code, v) = run_json(&["get", "cli/one", "--endpoints", &eps, "-o", "json"]);
     assert_eq!((code, &v["fencing_token"]), (0, &g1["fencing_token"]), "{v}");
@@ -143,7 +154,7 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
     assert_eq!(code, 6, "promoting a voter again is refused: {err}");
     let s = status_until(&addr4, &format!("node 4 as a healthy voter and no node {victim}"), |s| {
         let ms = s["members"].as_array().unwrap();
-        ms.len() == 3 && !ms.iter().any(|m| m["id"] == victim) && member(s, 4)["health"] == "ok"
+        ms.len() == 3 && !ms.iter().any(|m| m["id"] == victim) && listed(s, 4).is_some_and(|m| m["health"] == "ok")
     })
     .await;
     assert_eq!(member(&s, 4)["role"], "voter");
