@@ -166,8 +166,8 @@ pub struct BenchArgs {
 
     /// fencer's client batching: RPCs in flight on one connection before
     /// the calls made meanwhile leave as one Batch request (the client
-    /// library's default is 2); 0 sends every call alone.
-    #[arg(long, default_value_t = 2)]
+    /// library's default); 0 sends every call alone.
+    #[arg(long, default_value_t = fencer_client::DEFAULT_BATCHING)]
     client_batching: usize,
 
     /// When the leader is killed in the leader-kill scenario (default: half of --duration).

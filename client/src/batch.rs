@@ -40,6 +40,10 @@ const QUEUE: usize = 4096;
 /// longest names and holders would pass.
 pub(crate) const MAX_BATCH_BYTES: usize = 48 * 1024;
 
+/// RPCs in flight on one connection before calls are gathered into a Batch
+/// request, unless [`crate::Client::with_batching`] says otherwise.
+pub const DEFAULT_BATCHING: usize = 2;
+
 /// How a client batches (see [`crate::Client::with_batching`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Batching {
@@ -51,7 +55,7 @@ pub(crate) struct Batching {
 
 impl Default for Batching {
     fn default() -> Self {
-        Self { max_in_flight: 2, max_items: 128 }
+        Self { max_in_flight: DEFAULT_BATCHING, max_items: 128 }
     }
 }
 
@@ -267,9 +271,7 @@ fn answer_of(result: Option<batch_result::Result>) -> Result<Answer, Status> {
         Some(batch_result::Result::Acquire(a)) => Ok(Answer::Acquire(a)),
         Some(batch_result::Result::Renew(a)) => Ok(Answer::Renew(a)),
         Some(batch_result::Result::Release(a)) => Ok(Answer::Release(a)),
-        Some(batch_result::Result::Error(e)) => {
-            Err(Status::with_details(Code::from(e.code), e.message, e.details.into()))
-        }
+        Some(batch_result::Result::Error(e)) => Err(Status::from(&e)),
         None => Err(Status::internal("the server answered a batch item with nothing")),
     }
 }
@@ -289,11 +291,7 @@ mod tests {
                 std::collections::HashMap::from([("leader_addr".to_string(), "127.0.0.1:7421".to_string())]),
             ),
         );
-        let item = fencer_proto::v1::BatchError {
-            code: alone.code().into(),
-            message: alone.message().into(),
-            details: alone.details().to_vec(),
-        };
+        let item = fencer_proto::v1::BatchError::from(&alone);
         let Err(decoded) = answer_of(Some(batch_result::Result::Error(item))) else { panic!("an error") };
         let (a, b) = (crate::ClientError::from_status(&alone), crate::ClientError::from_status(&decoded));
         assert_eq!(format!("{a:?}"), format!("{b:?}"));

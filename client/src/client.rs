@@ -271,7 +271,7 @@ impl Client {
     }
 
     /// Sets how calls in flight at once share requests (module docs of
-    /// `batch`; on by default with 2): once `max_in_flight` RPCs are
+    /// `batch`; on by default with [`crate::DEFAULT_BATCHING`], 2): once `max_in_flight` RPCs are
     /// outstanding on a node's connection, the Acquire (without a wait),
     /// Renew and Release calls made meanwhile leave together as one Batch
     /// request when one of them returns. A client with fewer calls in

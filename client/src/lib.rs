@@ -76,6 +76,7 @@ mod stamp;
 
 pub use self::acquire::{AcquireBuilder, AcquireError, DEFAULT_RETRY_BUDGET, Grant};
 pub use self::acquire_all::{AcquireAll, AcquireAllError, LeaseSet};
+pub use self::batch::DEFAULT_BATCHING;
 pub use self::client::{Client, ClientTls, DEFAULT_ENDPOINT, default_holder, new_request_id};
 pub use self::clock::Instant;
 pub use self::error::{ClientError, Reason};

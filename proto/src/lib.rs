@@ -40,3 +40,34 @@ pub const LEADER_ADDR_HEADER: &str = "fencer-leader-addr";
 /// until it knows another leader (bounded), instead of sending the client
 /// back to the node that just failed.
 pub const UNREACHABLE_HEADER: &str = "fencer-unreachable";
+
+/// A batch item's error is the status the same call sent alone ends with:
+/// its code, message and `grpc-status-details-bin` bytes (the ErrorInfo
+/// with the reason), so both decode the same way.
+impl From<&tonic::Status> for v1::BatchError {
+    fn from(s: &tonic::Status) -> Self {
+        Self { code: s.code().into(), message: s.message().to_string(), details: s.details().to_vec() }
+    }
+}
+
+/// The status a batch item's error stands for (see `From<&Status>`).
+impl From<&v1::BatchError> for tonic::Status {
+    fn from(e: &v1::BatchError) -> Self {
+        tonic::Status::with_details(e.code.into(), e.message.clone(), e.details.clone().into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::v1::BatchError;
+
+    #[test]
+    fn a_batch_error_carries_a_status_whole() {
+        let alone = tonic::Status::with_details(tonic::Code::Aborted, "lock held", vec![1, 2, 3].into());
+        let back = tonic::Status::from(&BatchError::from(&alone));
+        assert_eq!((back.code(), back.message(), back.details()), (alone.code(), alone.message(), alone.details()));
+        // A code this version does not know stays an error (UNKNOWN), never OK.
+        let odd = BatchError { code: 99, message: "?".into(), details: Vec::new() };
+        assert_eq!(tonic::Status::from(&odd).code(), tonic::Code::Unknown);
+    }
+}

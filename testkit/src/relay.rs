@@ -32,7 +32,7 @@ use fencer_proto::v1::admin_server::{Admin, AdminServer};
 use fencer_proto::v1::lock_client::LockClient;
 use fencer_proto::v1::lock_server::{Lock, LockServer};
 use fencer_proto::v1::{
-    AcquireRequest, AcquireResponse, AddLearnerRequest, BatchError, BatchItem, BatchRequest, BatchResponse,
+    AcquireRequest, AcquireResponse, AddLearnerRequest, BatchItem, BatchRequest, BatchResponse,
     ChangeMembershipRequest, ForceReleaseRequest, ForceReleaseResponse, GetLockRequest, GetLockResponse,
     ListLocksRequest, ListLocksResponse, ListSigningKeysRequest, ListSigningKeysResponse, MembershipResponse,
     ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, RetireSigningKeyRequest, RetireSigningKeyResponse,
@@ -318,26 +318,37 @@ fn release_answer(r: Result<&ReleaseResponse, &Status>) -> Answer {
     }
 }
 
-/// One batch item as the history records it, with its answer; `granted`
+/// One batch item as the history records it, with its answer: `result` is
+/// the item's result, or the status the whole batch failed with. The flag
 /// says whether it is an acquire the node granted.
-fn batch_record(item: &BatchItem, result: Option<&batch_result::Result>) -> Option<(Call, Answer, bool)> {
+fn batch_record(
+    item: &BatchItem,
+    result: Result<Option<&batch_result::Result>, &Status>,
+) -> Option<(Call, Answer, bool)> {
     use batch_result::Result as R;
-    let error = match result {
-        Some(R::Error(e)) => Some(Status::with_details(e.code.into(), e.message.clone(), e.details.clone().into())),
-        _ => None,
+    let failed = || match result {
+        Err(s) => s.clone(),
+        Ok(Some(R::Error(e))) => Status::from(e),
+        Ok(_) => Status::internal("relay: the node answered the item with nothing or another call's response"),
     };
-    let missing = Status::internal("relay: the node answered the item with nothing");
-    let failed = error.as_ref().unwrap_or(&missing);
-    Some(match (item.call.as_ref()?, result) {
-        (batch_item::Call::Acquire(m), Some(R::Acquire(g))) => (acquire_call(m), acquire_answer(Ok(g)), true),
-        (batch_item::Call::Acquire(m), _) => (acquire_call(m), acquire_answer(Err(failed)), false),
-        (batch_item::Call::Renew(m), r) => {
-            let answer = if let Some(R::Renew(ok)) = r { renew_answer(Ok(ok)) } else { renew_answer(Err(failed)) };
+    let ok = result.ok().flatten();
+    Some(match item.call.as_ref()? {
+        batch_item::Call::Acquire(m) => match ok {
+            Some(R::Acquire(g)) => (acquire_call(m), acquire_answer(Ok(g)), true),
+            _ => (acquire_call(m), acquire_answer(Err(&failed())), false),
+        },
+        batch_item::Call::Renew(m) => {
+            let answer = match ok {
+                Some(R::Renew(r)) => renew_answer(Ok(r)),
+                _ => renew_answer(Err(&failed())),
+            };
             (Call::Renew { resource: m.resource.clone(), lease_id: m.lease_id.clone() }, answer, false)
         }
-        (batch_item::Call::Release(m), r) => {
-            let answer =
-                if let Some(R::Release(ok)) = r { release_answer(Ok(ok)) } else { release_answer(Err(failed)) };
+        batch_item::Call::Release(m) => {
+            let answer = match ok {
+                Some(R::Release(r)) => release_answer(Ok(r)),
+                _ => release_answer(Err(&failed())),
+            };
             (Call::Release { resource: m.resource.clone(), lease_id: m.lease_id.clone() }, answer, false)
         }
     })
@@ -390,14 +401,10 @@ impl Lock for Forward {
         let mut granted_any = false;
         for (i, item) in items.iter().enumerate() {
             let result = match &r {
-                Ok(resp) => resp.get_ref().results.get(i).and_then(|x| x.result.clone()),
-                Err(s) => Some(batch_result::Result::Error(BatchError {
-                    code: s.code().into(),
-                    message: s.message().to_string(),
-                    details: s.details().to_vec(),
-                })),
+                Ok(resp) => Ok(resp.get_ref().results.get(i).and_then(|x| x.result.as_ref())),
+                Err(s) => Err(s),
             };
-            if let Some((call, answer, granted)) = batch_record(item, result.as_ref()) {
+            if let Some((call, answer, granted)) = batch_record(item, result) {
                 granted_any |= granted;
                 self.record(call, sent, answer);
             }

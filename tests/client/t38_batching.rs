@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use fencer_client::Client;
+use fencer_client::{Client, Grant};
 use fencer_testkit::fault::FaultProxy;
 use fencer_testkit::metrics::Exposition;
 use fencer_testkit::node;
@@ -13,19 +13,23 @@ use fencer_testkit::node;
 /// Calls made at once in each test.
 const CALLS: usize = 200;
 
+/// A lease on each of `resources`, all asked at once, held by `holder`.
+async fn grant_all_at_once(client: &Client, resources: Vec<String>, holder: &str) -> Vec<(String, Grant)> {
+    let mut grants = tokio::task::JoinSet::new();
+    for resource in resources {
+        let (c, holder) = (client.clone(), holder.to_string());
+        grants.spawn(async move {
+            let lease = c.acquire(&resource).ttl(Duration::from_secs(10)).holder(holder).grant().await;
+            (resource.clone(), lease.unwrap_or_else(|e| panic!("{resource}: {e}")))
+        });
+    }
+    grants.join_all().await
+}
+
 /// `CALLS` leases on `prefix/i`, then one renewal of each, all at once;
 /// every renewal must succeed with its lease's token.
 async fn renew_all_at_once(client: &Client, prefix: &str) {
-    let mut grants = tokio::task::JoinSet::new();
-    for i in 0..CALLS {
-        let c = client.clone();
-        let resource = format!("{prefix}/{i}");
-        grants.spawn(async move {
-            let lease = c.acquire(&resource).ttl(Duration::from_secs(10)).grant().await.unwrap();
-            (resource, lease)
-        });
-    }
-    let grants = grants.join_all().await;
+    let grants = grant_all_at_once(client, (0..CALLS).map(|i| format!("{prefix}/{i}")).collect(), "t38").await;
     let mut renewals = tokio::task::JoinSet::new();
     for (resource, g) in grants {
         let c = client.clone();
@@ -85,18 +89,11 @@ async fn t38_batches_of_the_longest_calls_stay_within_the_request_limit() {
     let dir = tempfile::tempdir().unwrap();
     let node = node::start(dir.path()).await;
     let client = node::client(&node);
-    let holder = "h".repeat(256);
-    let mut grants = tokio::task::JoinSet::new();
-    for i in 0..CALLS {
-        let (c, holder) = (client.clone(), holder.clone());
-        // 256-byte names: 128 such acquires would pass the 64 KiB request limit.
-        let resource = format!("t38/long/{i:03}/{}", "x".repeat(243));
-        assert_eq!(resource.len(), 256);
-        grants.spawn(async move { c.acquire(&resource).ttl(Duration::from_secs(10)).holder(&holder).grant().await });
-    }
-    for g in grants.join_all().await {
-        g.expect("every acquire fits a request");
-    }
+    // 256-byte names and holders: 128 such acquires would pass the 64 KiB
+    // request limit; every one must still be granted.
+    let names: Vec<String> = (0..CALLS).map(|i| format!("t38/long/{i:03}/{}", "x".repeat(243))).collect();
+    assert!(names.iter().all(|n| n.len() == 256));
+    grant_all_at_once(&client, names, &"h".repeat(256)).await;
     let (requests, items) = batched(&node);
     assert!(requests >= 1.0 && items > requests, "the acquires were batched: {requests} requests, {items} items");
     node.shutdown().await;

@@ -53,11 +53,19 @@ fn unreachable<T>(request: &Request<T>) -> Vec<String> {
 }
 
 impl LockApi {
-    /// Before a lock call: a follower without a usable leader holds it until
-    /// it knows one (`LockService::await_leader`).
-    async fn await_leader<T>(&self, request: &Request<T>) {
-        self.svc.await_leader(&unreachable(request)).await;
+    /// Opens a lock call: a follower without a usable leader holds it until
+    /// it knows one (`LockService::await_leader`); then the caller and the
+    /// message.
+    async fn open<T>(&self, request: Request<T>) -> (Result<Caller, LockError>, T) {
+        self.svc.await_leader(&unreachable(&request)).await;
+        let who = caller(&self.auth, &request);
+        (who, request.into_inner())
     }
+}
+
+/// A lock call's answer on the wire.
+fn answer<R>(r: Result<R, LockError>) -> Result<Response<R>, Status> {
+    r.map(Response::new).map_err(|e| to_status(&e))
 }
 
 pub(crate) fn view_to_proto(v: LockView) -> GetLockResponse {
@@ -141,14 +149,7 @@ impl LockApi {
             Some(batch_item::Call::Release(r)) => self.release_call(who, r).await.map(batch_result::Result::Release),
             None => Err(InvalidField::BatchItemEmpty.into()),
         };
-        let result = result.unwrap_or_else(|e| {
-            let status = to_status(&e);
-            batch_result::Result::Error(BatchError {
-                code: status.code().into(),
-                message: status.message().to_string(),
-                details: status.details().to_vec(),
-            })
-        });
+        let result = result.unwrap_or_else(|e| batch_result::Result::Error(BatchError::from(&to_status(&e))));
         BatchResult { result: Some(result) }
     }
 }
@@ -156,31 +157,25 @@ impl LockApi {
 #[tonic::async_trait]
 impl Lock for LockApi {
     async fn acquire(&self, request: Request<AcquireRequest>) -> Result<Response<AcquireResponse>, Status> {
-        self.await_leader(&request).await;
-        let who = caller(&self.auth, &request);
-        self.acquire_call(who, request.into_inner()).await.map(Response::new).map_err(|e| to_status(&e))
+        let (who, r) = self.open(request).await;
+        answer(self.acquire_call(who, r).await)
     }
 
     async fn renew(&self, request: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
-        self.await_leader(&request).await;
-        let who = caller(&self.auth, &request);
-        let confirmation = QuorumConfirmation::default();
-        self.renew_call(who, request.into_inner(), &confirmation).await.map(Response::new).map_err(|e| to_status(&e))
+        let (who, r) = self.open(request).await;
+        answer(self.renew_call(who, r, &QuorumConfirmation::default()).await)
     }
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
-        self.await_leader(&request).await;
-        let who = caller(&self.auth, &request);
-        self.release_call(who, request.into_inner()).await.map(Response::new).map_err(|e| to_status(&e))
+        let (who, r) = self.open(request).await;
+        answer(self.release_call(who, r).await)
     }
 
     /// The items run concurrently, as separate calls would; the renewals
     /// among them share one quorum confirmation (DESIGN §3.2: one ReadIndex
     /// per batch of renewals), asked after every item arrived.
     async fn batch(&self, request: Request<BatchRequest>) -> Result<Response<BatchResponse>, Status> {
-        self.await_leader(&request).await;
-        let who = caller(&self.auth, &request);
-        let items = request.into_inner().items;
+        let (who, BatchRequest { items }) = self.open(request).await;
         if items.is_empty() || items.len() > MAX_BATCH_ITEMS {
             return Err(to_status(&InvalidField::BatchItems { count: items.len() }.into()));
         }
@@ -192,30 +187,25 @@ impl Lock for LockApi {
     }
 
     async fn get_lock(&self, request: Request<GetLockRequest>) -> Result<Response<GetLockResponse>, Status> {
-        self.await_leader(&request).await;
-        let who = caller(&self.auth, &request);
-        let r = request.into_inner();
+        let (who, r) = self.open(request).await;
         let call = async {
             let who = who?;
             who.check(Permission::Read, &r.resource)?;
             who.charge_request(&Clock)?;
             self.svc.get(&r.resource).await
         };
-        let v = observed(&self.metrics, "get", &r.resource, call).await.map_err(|e| to_status(&e))?;
-        Ok(Response::new(view_to_proto(v)))
+        answer(observed(&self.metrics, "get", &r.resource, call).await.map(view_to_proto))
     }
 
     async fn list_locks(&self, request: Request<ListLocksRequest>) -> Result<Response<ListLocksResponse>, Status> {
-        self.await_leader(&request).await;
-        let who = caller(&self.auth, &request);
-        let r = request.into_inner();
+        let (who, r) = self.open(request).await;
         let call = async {
             let who = who?;
             who.charge_request(&Clock)?;
             self.svc.list_where(&r.prefix, r.page_size, &r.page_token, |name| who.may(Permission::Read, name)).await
         };
-        let (views, next) = observed(&self.metrics, "list", &r.prefix, call).await.map_err(|e| to_status(&e))?;
-        Ok(Response::new(ListLocksResponse {
+        let page = observed(&self.metrics, "list", &r.prefix, call).await;
+        answer(page.map(|(views, next)| ListLocksResponse {
             locks: views.into_iter().map(view_to_proto).collect(),
             next_page_token: next,
         }))

@@ -37,9 +37,7 @@ async fn batch(c: &mut LockClient<Channel>, items: Vec<BatchItem>) -> Result<Vec
 /// An item's error as the status a call sent alone gets.
 fn error_of(r: &BatchResult) -> Status {
     match &r.result {
-        Some(batch_result::Result::Error(e)) => {
-            Status::with_details(e.code.into(), e.message.clone(), e.details.clone().into())
-        }
+        Some(batch_result::Result::Error(e)) => Status::from(e),
         other => panic!("expected an error, got {other:?}"),
     }
 }

@@ -393,11 +393,7 @@ impl Cluster {
             let answer = match &r {
                 Ok(results) => match results.get(i).and_then(|x| x.result.as_ref()) {
                     Some(batch_result::Result::Renew(ok)) => Answer::Renewed { token: ok.fencing_token },
-                    Some(batch_result::Result::Error(e)) => answer_of(&tonic::Status::with_details(
-                        e.code.into(),
-                        e.message.clone(),
-                        e.details.clone().into(),
-                    )),
+                    Some(batch_result::Result::Error(e)) => answer_of(&tonic::Status::from(e)),
                     other => Answer::Unavailable { reason: format!("batch item {i}: unexpected answer {other:?}") },
                 },
                 Err(s) => answer_of(s),
