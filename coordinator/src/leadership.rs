@@ -81,22 +81,18 @@ pub(crate) struct Duties {
     pub(crate) election_timeout: Duration,
 }
 
-/// What losing the quorum does at once, from the duty loop: the lease clock
-/// stops being authoritative and parked calls fail with LEADER_CHANGED.
-/// Writes still waiting for their commit keep waiting (up to the write
-/// timeout): a stall of the machine that outlasts the quorum lease heals by
-/// itself, and they commit then.
-pub(crate) fn on_degraded(leases: &LeaseClock, parked: &ParkedCalls) {
+/// What losing the quorum or the leadership does at once, from the duty
+/// loop and from the `Raft::on_leader_change` callback: the lease clock
+/// stops being authoritative, parked calls fail with LEADER_CHANGED, and
+/// writes and quorum confirmations still waiting answer OUTCOME_UNKNOWN and
+/// NO_QUORUM. Their callers retry with the same request id: on another node
+/// that leads by then (which knows the outcome), or here once the quorum
+/// answers again (the write is found by its request id, I7). Holding them to
+/// the write timeout instead would keep a client of a cut-off leader from
+/// looking for the new one for the whole 5 s (issue 17).
+pub(crate) fn relinquish(leases: &LeaseClock, parked: &ParkedCalls, leadership_lost: &watch::Sender<u64>) {
     leases.set_authoritative(false);
     parked.leader_lost();
-}
-
-/// What stopping to lead does at once, from the `Raft::on_leader_change`
-/// callback and from the duty loop: as [`on_degraded`], and writes still
-/// waiting for their commit answer OUTCOME_UNKNOWN (their callers retry with
-/// the same request id on the new leader, which knows the outcome).
-pub(crate) fn on_stop(leases: &LeaseClock, parked: &ParkedCalls, leadership_lost: &watch::Sender<u64>) {
-    on_degraded(leases, parked);
     leadership_lost.send_modify(|n| *n += 1);
 }
 
@@ -131,7 +127,7 @@ impl Duties {
                         }
                         abort_phase(&mut phase);
                         phase = Phase::Follower;
-                        on_stop(&self.leases, &self.parked, &self.svc.inner.leadership_lost);
+                        relinquish(&self.leases, &self.parked, &self.svc.inner.leadership_lost);
                         tasks.abort_all();
                         expiring.clear();
                     }
@@ -182,7 +178,7 @@ impl Duties {
                         Phase::Ready { leader, bound } => {
                             if !self.quorum_recent() {
                                 tracing::warn!(%leader, "no quorum acknowledgement for an election timeout; refusing writes (NO_QUORUM) and failing parked calls");
-                                on_degraded(&self.leases, &self.parked);
+                                relinquish(&self.leases, &self.parked, &self.svc.inner.leadership_lost);
                                 tasks.abort_all();
                                 expiring.clear();
                                 phase = Phase::Degraded { leader: *leader };

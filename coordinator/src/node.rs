@@ -23,7 +23,7 @@ use crate::audit::{AuditConfig, AuditLog};
 use crate::bootstrap::{self, ClusterId, Identity, PristineStep};
 use crate::clock::Clock;
 use crate::hot::{DEFAULT_HOT_CAPACITY, HOT_HALF_LIFE, HotTracker};
-use crate::leadership::{Duties, LeaderEvent, on_stop};
+use crate::leadership::{Duties, LeaderEvent, relinquish};
 use crate::lease_clock::LeaseClock;
 use crate::log_level::LogControlHandle;
 use crate::metrics::Metrics;
@@ -100,15 +100,15 @@ pub struct NodeConfig {
 }
 
 /// Default leader heartbeat period (`--heartbeat`).
-pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(250);
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(50);
 
 /// Default shortest election timeout (`--election-timeout`); the longest is
 /// twice it and is also the quorum lease. A dead leader is replaced after
 /// about 3–4 × this (the followers' view of its lease, 2 ×, then their own
-/// election timeout); a leader that hears no majority for 2 × this stops
-/// granting (I5); the shortest ttl is 1.5 × 2 × this (docs/cluster.md,
-/// "Timing").
-pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(1000);
+/// election timeout: 0.6–0.8 s); a leader that hears no majority for 2 ×
+/// this stops granting (I5); the shortest ttl is 1.5 × 2 × this, 600 ms
+/// (docs/cluster.md, "Timing": what this costs on a loaded machine).
+pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(200);
 
 impl NodeConfig {
     /// A single-node configuration with production timings.
@@ -593,7 +593,7 @@ impl Node {
                 move |leader_id| {
                     tracing::debug!(%leader_id, "leadership ended");
                     // Parked calls must not wait for the duty loop.
-                    on_stop(&leases, &parked, &svc.inner.leadership_lost);
+                    relinquish(&leases, &parked, &svc.inner.leadership_lost);
                     let _ = stop_tx.send(LeaderEvent::Stopped);
                     async {}
                 },

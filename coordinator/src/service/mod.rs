@@ -74,9 +74,9 @@ pub(crate) struct ServiceInner {
     /// The leader this node knows, changed only when it changes (fed by the
     /// node's metrics watcher): what a held call waits on.
     pub(crate) leader: watch::Receiver<Option<NodeId>>,
-    /// Bumped when this node's leadership ends (module `leadership`):
-    /// writes still waiting for their commit answer "outcome unknown" at
-    /// once instead of at the write timeout.
+    /// Bumped when this node's leadership ends or its quorum lease runs out
+    /// (`leadership::relinquish`): writes still waiting for their commit
+    /// answer "outcome unknown" at once instead of at the write timeout.
     pub(crate) leadership_lost: watch::Sender<u64>,
     /// How this node calls its peers (https with its certificate when the
     /// cluster runs TLS): signing-key registrations go to the leader this way.
@@ -184,9 +184,12 @@ impl LockService {
                     ))
                 }),
                 // The entry may have committed (the new leader then has
-                // it) or not, so the outcome is unknown.
+                // it), may still commit (the quorum answers again), or not:
+                // the outcome is unknown.
                 _ = lost.changed() => Err(LockError::Unknown(
-                    "this node stopped leading before the write committed; retry with the same request id".into(),
+                    "this node lost its quorum or stopped leading before the write committed; \
+                     retry with the same request id"
+                        .into(),
                 )),
             }
         };

@@ -17,8 +17,8 @@ const SLACK: Duration = Duration::from_millis(400);
 
 /// Sends, to node `n`, an acquire of a fresh resource, a renewal of `held`
 /// and a Batch of two more renewals of it (sharing one quorum
-/// confirmation) every 50 ms for `run`. The calls overlap: one accepted just
-/// before the quorum lease ran out waits for its write timeout, the rest go on.
+/// confirmation) every 50 ms for `run`. The calls overlap: those accepted
+/// before the quorum lease ran out wait until it did, the rest go on.
 async fn hammer(c: &Cluster, h: &History, n: NodeId, run: Duration, held: (&str, &str), tag: &str) {
     let rounds = (run.as_millis() / 50) as u64;
     let calls = (0..rounds).map(|i| async move {
@@ -73,7 +73,21 @@ async fn t50_isolated_old_leader_cannot_grant_or_renew_after_one_election_timeou
     // Nothing the minority was asked after the isolation succeeded…
     for op in sent_after(&ops, old, isolated) {
         assert!(!is_success(&op.answer), "the isolated old leader reported success: {op:?}");
+        // …and none was held to the write timeout (2 s here): what it had
+        // accepted answers OUTCOME_UNKNOWN once its quorum lease ran out,
+        // so the caller looks for the new leader at once.
+        let lease_end = isolated + ELECTION_MAX;
+        assert!(
+            op.answered < op.sent.max(lease_end) + SLACK,
+            "the isolated old leader held a call {:?} past the end of its quorum lease ({ELECTION_MAX:?} \
+             after the isolation): {op:?}",
+            op.answered.saturating_sub(op.sent.max(lease_end))
+        );
     }
+    let unknown = sent_after(&ops, old, isolated)
+        .filter(|op| matches!(&op.answer, Answer::Unavailable { reason } if reason.starts_with("OUTCOME_UNKNOWN")))
+        .count();
+    assert!(unknown >= 1, "no call was accepted before the quorum lease ran out; the test lost its point");
     // …and after one election timeout it refuses at once with NO_QUORUM.
     let mut refused = 0;
     for op in sent_after(&ops, old, isolated + ELECTION_MAX + SLACK) {
