@@ -208,15 +208,17 @@ pub(crate) struct CoordinatorArgs {
     data_dir: PathBuf,
 
     /// Leader heartbeat period (at most a third of --election-timeout).
-    #[arg(long, env = "FENCER_HEARTBEAT", default_value = "250ms", value_parser = parse_duration)]
+    #[arg(long, env = "FENCER_HEARTBEAT", default_value = "50ms", value_parser = parse_duration)]
     heartbeat: Duration,
 
     /// Shortest election timeout; the longest is twice this, and is also
     /// the leader's quorum lease. A leader that dies is replaced after about
     /// 3 to 4 × this; a leader whose majority is silent for 2 × this stops
     /// granting. The shortest lease ttl accepted is 1.5 × the longest
-    /// election timeout (docs/cluster.md, "Timing").
-    #[arg(long, env = "FENCER_ELECTION_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    /// election timeout. Raise it on machines whose nodes can go without
+    /// CPU or disk for a few hundred ms, and across regions
+    /// (docs/cluster.md, "Timing").
+    #[arg(long, env = "FENCER_ELECTION_TIMEOUT", default_value = "200ms", value_parser = parse_duration)]
     election_timeout: Duration,
 
     /// Build a snapshot (and purge the log behind it) every this many entries
@@ -321,7 +323,21 @@ pub(crate) async fn run(args: CoordinatorArgs, log: Arc<LogFilter>) -> anyhow::R
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_peer, parse_size};
+    use clap::Parser;
+
+    use super::{CoordinatorArgs, parse_peer, parse_size};
+
+    #[test]
+    fn the_timing_flags_default_to_the_library_defaults() {
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: CoordinatorArgs,
+        }
+        let cli = Cli::try_parse_from(["fencer", "--data-dir", "d"]).expect("only --data-dir is required");
+        assert_eq!(cli.args.heartbeat, fencer_coordinator::DEFAULT_HEARTBEAT);
+        assert_eq!(cli.args.election_timeout, fencer_coordinator::DEFAULT_ELECTION_TIMEOUT);
+    }
 
     #[test]
     fn sizes_take_binary_units_and_a_floor() {

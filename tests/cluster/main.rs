@@ -5,8 +5,10 @@
 //!   back as a follower without a second holder.
 //! - `t56_cluster_cli` — `fencer status`, failover, rejoin, a foreign data
 //!   dir, replacing a node.
-//! - `t59_failover_window` — a measurement (ignored): the unavailability
-//!   window of a leader kill.
+//! - `t59_failover_window` — with the default timing: a held lock keeps its
+//!   token across leader kills, an isolated leader refuses before anyone
+//!   else grants; measurements (ignored) of the unavailability window of 10
+//!   kills and 10 isolations.
 
 mod t55_paused_leader;
 mod t56_cluster_cli;
