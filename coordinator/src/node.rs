@@ -31,7 +31,7 @@ use crate::network::{Faults, MAX_RAFT_MESSAGE, NetworkFactory, RaftService};
 use crate::policy::Policy;
 use crate::raft::{RaftHandle, TypeConfig};
 use crate::server::ConnectionLimits;
-use crate::service::{LockService, ServiceInner, register_keys};
+use crate::service::{LockService, QuorumAck, ServiceInner, register_keys};
 use crate::signing::NodeKeys;
 use crate::state_machine::{AcquireCmd, Applied, Event, Grant, LockState, LogCommand};
 use crate::store::{ApplyObserver, LOG_FILE, LogStore, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
@@ -477,6 +477,7 @@ impl Node {
             .map_err(|e| StartError::Raft(e.to_string()))?;
 
         let (leader_tx, leader_rx) = watch::channel(None);
+        let (acked_tx, acked_rx) = watch::channel(QuorumAck::NotLeader);
         let svc = LockService::new(ServiceInner {
             raft: raft.clone(),
             sm: sm.clone(),
@@ -493,6 +494,7 @@ impl Node {
             keys,
             peer_tls: peer_tls.clone(),
             leader: leader_rx,
+            quorum_ack: acked_rx,
             leadership_lost: watch::Sender::new(0),
             writes_in_flight: std::sync::atomic::AtomicUsize::new(0),
         });
@@ -601,7 +603,13 @@ impl Node {
         };
         let duties = Duties { svc: svc.clone(), leases, parked, election_timeout: config.election_timeout.1 };
         tasks.push(tokio::spawn(duties.run(events_rx, shutdown_rx.clone())));
-        tasks.push(tokio::spawn(watch_metrics(raft.clone(), metrics.clone(), leader_tx, shutdown_rx.clone())));
+        tasks.push(tokio::spawn(watch_metrics(
+            raft.clone(),
+            metrics.clone(),
+            leader_tx,
+            acked_tx,
+            shutdown_rx.clone(),
+        )));
         tasks.push(tokio::spawn(register_keys(svc.clone(), shutdown_rx.clone())));
         tasks.push(tokio::spawn(console.sample(shutdown_rx.clone())));
 
@@ -826,11 +834,14 @@ async fn join_cluster(ctx: JoinCtx, mut shutdown: watch::Receiver<bool>) {
 }
 
 /// Mirrors raft metrics into Prometheus gauges, counts leader changes and
-/// publishes the known leader (what held calls wait on, module `service`).
+/// publishes the known leader (what held calls wait on, module `service`)
+/// and whether this node leads with a quorum acknowledgement in its term
+/// (what the calls a just-elected leader refused wait on).
 async fn watch_metrics(
     raft: RaftHandle,
     metrics: Arc<Metrics>,
     leader: watch::Sender<Option<NodeId>>,
+    quorum_ack: watch::Sender<QuorumAck>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut rx = raft.metrics();
@@ -849,6 +860,12 @@ async fn watch_metrics(
                 last_leader = m.current_leader;
                 leader.send_replace(m.current_leader);
             }
+            let ack = match (m.state == openraft::ServerState::Leader, m.last_quorum_acked.is_some()) {
+                (false, _) => QuorumAck::NotLeader,
+                (true, false) => QuorumAck::Waiting,
+                (true, true) => QuorumAck::Acked,
+            };
+            quorum_ack.send_if_modified(|a| std::mem::replace(a, ack) != ack);
         }
         tokio::select! {
             _ = shutdown.changed() => return,

@@ -50,6 +50,18 @@ pub use self::status::{Health, MemberView, StatusView};
 /// this leader before it asks for a heartbeat round of its own.
 const PIGGYBACK_WAIT: Duration = Duration::from_millis(20);
 
+/// What the node's metrics watcher last saw of this node's leadership: the
+/// calls a just-elected leader refused wait for it to leave `Waiting`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QuorumAck {
+    /// Not the leader.
+    NotLeader,
+    /// The leader, not yet acknowledged by a quorum in its term.
+    Waiting,
+    /// The leader, acknowledged by a quorum in its term.
+    Acked,
+}
+
 pub(crate) struct ServiceInner {
     pub(crate) raft: RaftHandle,
     pub(crate) sm: StateMachineStore,
@@ -74,6 +86,11 @@ pub(crate) struct ServiceInner {
     /// The leader this node knows, changed only when it changes (fed by the
     /// node's metrics watcher): what a held call waits on.
     pub(crate) leader: watch::Receiver<Option<NodeId>>,
+    /// Whether this node leads and a quorum acknowledged it in its term,
+    /// changed only when that changes (fed by the node's metrics watcher):
+    /// what the calls refused by a just-elected leader wait on, so that
+    /// thousands of them wake once, not at every raft metrics update.
+    pub(crate) quorum_ack: watch::Receiver<QuorumAck>,
     /// Bumped when this node's leadership ends or its quorum lease runs out
     /// (`leadership::relinquish`): writes still waiting for their commit
     /// answer "outcome unknown" at once instead of at the write timeout.
@@ -224,29 +241,38 @@ impl LockService {
     /// acknowledgement, and says whether proposing again makes sense (also
     /// when the acknowledgement arrived between the refusal and now). A
     /// leader that had a quorum and lost it says no at once: NO_QUORUM.
+    ///
+    /// The wait is on [`ServiceInner::quorum_ack`], not on raft's metrics:
+    /// after a leader change thousands of held calls land here at once, and
+    /// raft's metrics change many times before the first acknowledgement
+    /// (issue 17: each change woke every one of them).
     async fn await_first_quorum_ack(&self) -> bool {
         use openraft::rt::Instant as _;
         let lease = self.inner.election_timeout;
-        let valid = |m: &openraft::RaftMetrics<TypeConfig>| {
-            m.last_quorum_acked.as_ref().is_some_and(|t| t.into_inner().elapsed() < lease)
-        };
-        let (leader, acked, valid_now) = {
-            let m = self.inner.raft.metrics();
-            let m = openraft::rt::watch::WatchReceiver::borrow_watched(&m);
-            (m.state == openraft::ServerState::Leader, m.last_quorum_acked.is_some(), valid(&m))
-        };
-        if !leader || valid_now {
-            return leader;
+        let deadline = tokio::time::Instant::now() + lease;
+        let mut ack = self.inner.quorum_ack.clone();
+        loop {
+            // Seen before reading raft's metrics: a change published after
+            // this read (the watcher reads them later) wakes the wait below.
+            ack.borrow_and_update();
+            let (leader, acked, valid_now) = {
+                let m = self.inner.raft.metrics();
+                let m = openraft::rt::watch::WatchReceiver::borrow_watched(&m);
+                let valid = m.last_quorum_acked.as_ref().is_some_and(|t| t.into_inner().elapsed() < lease);
+                (m.state == openraft::ServerState::Leader, m.last_quorum_acked.is_some(), valid)
+            };
+            if !leader || valid_now {
+                return leader;
+            }
+            if acked {
+                return false;
+            }
+            match tokio::time::timeout_at(deadline, ack.changed()).await {
+                Ok(Ok(())) => {}
+                // Out of time, or the node is stopping.
+                Ok(Err(_)) | Err(_) => return false,
+            }
         }
-        if acked {
-            return false;
-        }
-        self.inner
-            .raft
-            .wait(Some(lease))
-            .metrics(|m| m.state != openraft::ServerState::Leader || valid(m), "first quorum acknowledgement")
-            .await
-            .is_ok_and(|m| m.state == openraft::ServerState::Leader)
     }
 
     /// How long a follower holds a lock call for a leader: three election

@@ -2,8 +2,9 @@
 //! grant and tokens keep growing (I1, I2); a response lost after commit is
 //! recovered by retrying the request id on the new leader (I7); parked
 //! waiters fail LEADER_CHANGED and reclaim their slot, and unclaimed slots
-//! are cancelled after the grace period; a lease is never expired early,
-//! also across a leader change (I6).
+//! are cancelled after the grace period; calls held through an election
+//! are served by its winner without a retry; a lease is never expired
+//! early, also across a leader change (I6).
 
 use std::time::Duration;
 
@@ -98,6 +99,52 @@ async fn t51_leader_killed_during_a_stream_of_acquires_loses_no_grant() {
     check_all(&h.ops());
     c.restart(old).await;
     assert_replicas_agree(&c, &c.ids(), TIMEOUT).await;
+    c.shutdown().await;
+}
+
+/// Calls a follower held through the election (they name the dead leader
+/// unreachable) are served by the node that wins it as soon as a quorum
+/// acknowledges it, without a retry: a just-elected leader refuses
+/// proposals until its first quorum acknowledgement, and the calls refused
+/// that way wait for it (`await_first_quorum_ack`) instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t51_calls_held_through_an_election_are_served_by_the_new_leader_without_a_retry() {
+    use fencer_proto::UNREACHABLE_HEADER;
+    use fencer_proto::v1::AcquireRequest;
+    let c = Cluster::start(3).await;
+    let old = c.leader(TIMEOUT).await;
+    let dead = c.addr(old);
+    c.crash(old).await;
+    let followers: Vec<NodeId> = c.ids().into_iter().filter(|&n| n != old).collect();
+    let calls = followers.iter().flat_map(|&n| (0..20).map(move |i| (n, i))).map(|(n, i)| {
+        let mut client = c.client(n);
+        let dead = dead.clone();
+        async move {
+            let mut req = tonic::Request::new(AcquireRequest {
+                resource: format!("held/{n}/{i}"),
+                request_id: format!("held-{n}-{i}"),
+                ttl_ms: Some(5_000),
+                wait_timeout_ms: 0,
+                holder: format!("test/held-{n}-{i}"),
+            });
+            req.metadata_mut().insert(UNREACHABLE_HEADER, dead.parse().unwrap());
+            (n, client.acquire(req).await.map(|r| r.into_inner().fencing_token))
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    let new = c.leader(TIMEOUT).await;
+    let at_new: Vec<_> = answers.iter().filter(|(n, _)| *n == new).collect();
+    assert_eq!(at_new.len(), 20);
+    for (_, a) in &at_new {
+        if let Err(s) = a {
+            panic!("a call held on node {new} through its election was not served: {} {s:?}", reason(s));
+        }
+    }
+    for (n, a) in answers.iter().filter(|(n, _)| *n != new) {
+        if let Err(s) = a {
+            assert_eq!(reason(s), "NOT_LEADER", "node {n}: {s:?}");
+        }
+    }
     c.shutdown().await;
 }
 
