@@ -477,7 +477,7 @@ impl Node {
             .map_err(|e| StartError::Raft(e.to_string()))?;
 
         let (leader_tx, leader_rx) = watch::channel(None);
-        let (acked_tx, acked_rx) = watch::channel(QuorumAck::NotLeader);
+        let (acked_tx, acked_rx) = watch::channel(QuorumAck::NotLeader(0));
         let svc = LockService::new(ServiceInner {
             raft: raft.clone(),
             sm: sm.clone(),
@@ -860,10 +860,11 @@ async fn watch_metrics(
                 last_leader = m.current_leader;
                 leader.send_replace(m.current_leader);
             }
+            let term = m.current_term;
             let ack = match (m.state == openraft::ServerState::Leader, m.last_quorum_acked.is_some()) {
-                (false, _) => QuorumAck::NotLeader,
-                (true, false) => QuorumAck::Waiting,
-                (true, true) => QuorumAck::Acked,
+                (false, _) => QuorumAck::NotLeader(term),
+                (true, false) => QuorumAck::Waiting(term),
+                (true, true) => QuorumAck::Acked(term),
             };
             quorum_ack.send_if_modified(|a| std::mem::replace(a, ack) != ack);
         }

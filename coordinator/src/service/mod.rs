@@ -52,14 +52,16 @@ const PIGGYBACK_WAIT: Duration = Duration::from_millis(20);
 
 /// What the node's metrics watcher last saw of this node's leadership: the
 /// calls a just-elected leader refused wait for it to leave `Waiting`.
+/// Each carries the term, so that a change the watcher saw only in part
+/// (acknowledged in one term, then in the next) is still a change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum QuorumAck {
     /// Not the leader.
-    NotLeader,
+    NotLeader(u64),
     /// The leader, not yet acknowledged by a quorum in its term.
-    Waiting,
+    Waiting(u64),
     /// The leader, acknowledged by a quorum in its term.
-    Acked,
+    Acked(u64),
 }
 
 pub(crate) struct ServiceInner {
