@@ -249,22 +249,23 @@ impl LockService {
     /// raft's metrics change many times before the first acknowledgement
     /// (issue 17: each change woke every one of them).
     async fn await_first_quorum_ack(&self) -> bool {
-        use openraft::rt::Instant as _;
-        let lease = self.inner.election_timeout;
-        let deadline = tokio::time::Instant::now() + lease;
+        let deadline = tokio::time::Instant::now() + self.inner.election_timeout;
         let mut ack = self.inner.quorum_ack.clone();
         loop {
             // Seen before reading raft's metrics: a change published after
             // this read (the watcher reads them later) wakes the wait below.
             ack.borrow_and_update();
-            let (leader, acked, valid_now) = {
+            let (leader, acked) = {
                 let m = self.inner.raft.metrics();
                 let m = openraft::rt::watch::WatchReceiver::borrow_watched(&m);
-                let valid = m.last_quorum_acked.as_ref().is_some_and(|t| t.into_inner().elapsed() < lease);
-                (m.state == openraft::ServerState::Leader, m.last_quorum_acked.is_some(), valid)
+                (m.state == openraft::ServerState::Leader, m.last_quorum_acked.is_some())
             };
-            if !leader || valid_now {
-                return leader;
+            if !leader {
+                return false;
+            }
+            // Read after `acked`: an acknowledgement that arrived since counts.
+            if self.has_quorum_lease() {
+                return true;
             }
             if acked {
                 return false;
