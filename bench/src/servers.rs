@@ -19,11 +19,16 @@ use tokio::time::Instant;
 /// How long a graceful stop may take before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
+/// The servers' log filter unless `FENCER_BENCH_SERVER_LOG` names another
+/// (e.g. `info,openraft=info` to see elections in the node logs).
+const SERVER_LOG: &str = "info,openraft=warn";
+
 /// Starts `program ARGS…` as `name`, its output to `log`, owned by a
 /// [`Proc`] (killed by its PID if the bench stops early).
 pub(crate) fn spawn(name: &str, program: &Path, args: &[String], log: &Path) -> anyhow::Result<Proc> {
     let mut cmd = std::process::Command::new(program);
-    cmd.args(args).env("FENCER_LOG", "info,openraft=warn");
+    let filter = std::env::var("FENCER_BENCH_SERVER_LOG").unwrap_or_else(|_| SERVER_LOG.to_string());
+    cmd.args(args).env("FENCER_LOG", filter);
     Proc::try_spawn(name, &mut cmd, log).with_context(|| format!("start {name} ({})", program.display()))
 }
 
@@ -212,7 +217,7 @@ mod peers {
                     "--log-level=warn".into(),
                     "--logger=zap".into(),
                     // etcd's defaults, spelled out: 100 ms heartbeat, 1 s
-                    // election timeout (fencer: 250 ms, 1–2 s).
+                    // election timeout (fencer: 50 ms, 150–300 ms).
                     "--heartbeat-interval=100".into(),
                     "--election-timeout=1000".into(),
                 ];
