@@ -250,7 +250,7 @@ impl Metrics {
         r.register("leader_changes", "Leader changes seen by this node", m.leader_changes.clone());
         r.register("raft_term", "Current raft term", m.term.clone());
         r.register("raft_is_leader", "1 when this node is the leader", m.is_leader.clone());
-        r.register("raft_has_leader", "1 when this node knows a leader", m.has_leader.clone());
+        r.register("raft_has_leader", "1 when this node knows a leader (on a follower: and heard from it within two election timeouts; set at each scrape)", m.has_leader.clone());
         r.register("ready", "1 when this node is ready (GET /readyz answers 200)", m.ready.clone());
         r.register(
             "leader_ready",

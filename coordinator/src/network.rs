@@ -444,7 +444,13 @@ impl RaftRpc for RaftService {
     async fn append_entries(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let (from, req): (_, AppendEntriesRequest<TypeConfig>) = self.open(request, "append_entries")?;
         self.not_mine("append_entries", from, &req.vote)?;
-        self.reply(self.raft.append_entries(req).await.map_err(|e| e.to_string()))
+        let result = self.raft.append_entries(req).await;
+        // Accepted as coming from this node's leader (a log conflict too):
+        // what a follower's readiness counts from (module `service::status`).
+        if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+            self.svc.inner.leader_contact.touch();
+        }
+        self.reply(result.map_err(|e| e.to_string()))
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {

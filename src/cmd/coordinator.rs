@@ -218,7 +218,7 @@ pub(crate) struct CoordinatorArgs {
     /// election timeout. Raise it on machines whose nodes can go without
     /// CPU or disk for a few hundred ms, and across regions
     /// (docs/cluster.md, "Timing").
-    #[arg(long, env = "FENCER_ELECTION_TIMEOUT", default_value = "200ms", value_parser = parse_duration)]
+    #[arg(long, env = "FENCER_ELECTION_TIMEOUT", default_value = "150ms", value_parser = parse_duration)]
     election_timeout: Duration,
 
     /// Build a snapshot (and purge the log behind it) every this many entries

@@ -104,6 +104,10 @@ pub(crate) struct ServiceInner {
     /// any, their replication carries the quorum confirmation a renewal
     /// needs, without a heartbeat round of its own.
     pub(crate) writes_in_flight: std::sync::atomic::AtomicUsize,
+    /// When this node last accepted an append (or heartbeat) from a leader
+    /// (module `network`): with Pre-Vote a follower cut off from everyone
+    /// keeps its old leader in raft's metrics, so readiness asks this.
+    pub(crate) leader_contact: crate::clock::LastSeen,
 }
 
 /// Counts a proposal in [`ServiceInner::writes_in_flight`] while it lives.

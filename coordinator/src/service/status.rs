@@ -90,11 +90,13 @@ pub struct Health {
     /// Why not live.
     pub live_reason: String,
     /// A leader is known and, on the leader, a quorum acknowledged it within
-    /// one election timeout; the node is not stopping.
+    /// one election timeout (on a follower: it heard from the leader within
+    /// two); the node is not stopping.
     pub ready: bool,
     /// Why (or why not) ready.
     pub ready_reason: String,
-    /// A leader is known.
+    /// A leader is known (on a follower: and heard from within two election
+    /// timeouts).
     pub has_leader: bool,
     /// This node is a leader that took over its leases and has a quorum.
     pub leader_ready: bool,
@@ -177,6 +179,10 @@ impl LockService {
             (Ok(()), None) => (true, "raft runs and the files are writable".to_string()),
         };
         let limit = self.inner.election_timeout;
+        // A follower that heard nothing from its leader for its view of the
+        // leader's lease and then its longest election timer is looking for
+        // a new one (with Pre-Vote, raft's metrics still name the old).
+        let follower_limit = limit * 2;
         let voters = m.membership_config.membership().voter_ids().count();
         let (ready, ready_reason) = if !live {
             (false, live_reason.clone())
@@ -200,15 +206,34 @@ impl LockService {
                     ),
                     None => (false, "leader without any quorum acknowledgement yet".to_string()),
                 },
-                (Some(l), false) => (true, format!("{}; leader is node {l}", server_state(m.state))),
+                (Some(l), false) => match self.inner.leader_contact.age() {
+                    Some(age) if age <= follower_limit => (
+                        true,
+                        format!("{}; leader is node {l}, heard from {} ms ago", server_state(m.state), age.as_millis()),
+                    ),
+                    Some(age) => (
+                        false,
+                        format!(
+                            "no leader: nothing heard from node {l} for {} ms (limit {} ms)",
+                            age.as_millis(),
+                            follower_limit.as_millis()
+                        ),
+                    ),
+                    None => (false, format!("no leader: node {l} has not been heard from since this node started")),
+                },
             }
+        };
+        let has_leader = match (m.current_leader, is_leader) {
+            (None, _) => false,
+            (Some(_), true) => true,
+            (Some(_), false) => self.inner.leader_contact.age().is_some_and(|age| age <= follower_limit),
         };
         Health {
             live,
             live_reason,
             ready,
             ready_reason,
-            has_leader: m.current_leader.is_some(),
+            has_leader,
             leader_ready: is_leader && self.inner.leases.is_authoritative(),
             quorum_ack_age,
         }

@@ -71,3 +71,48 @@ async fn t54_readiness_flips_when_quorum_is_lost_and_comes_back() {
     }
     c.shutdown().await;
 }
+
+/// Pre-Vote (issue 17): a follower cut off from everyone for many election
+/// timeouts campaigns only in Pre-Vote rounds, which bump no term. It turns
+/// not ready on its own (it heard nothing from its leader, though raft's
+/// metrics still name it), and when it is back the leader is still the
+/// leader, in the same term. Without Pre-Vote the follower would raise its
+/// term at every election timeout and depose the leader on its return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t54_a_follower_cut_off_and_back_neither_raises_its_term_nor_deposes_the_leader() {
+    let c = Cluster::start(3).await;
+    let leader = c.leader(Duration::from_secs(10)).await;
+    let term = c.node(leader).service().status().term;
+    let f = c.ids().into_iter().find(|n| *n != leader).unwrap();
+    eventually(&format!("node {f} ready"), Duration::from_secs(10), || async {
+        (readyz(&c, f).await.0 == 200).then_some(())
+    })
+    .await;
+
+    c.isolate(f);
+    let body = eventually(&format!("the cut-off follower {f} not ready"), Duration::from_secs(10), || async {
+        let r = readyz(&c, f).await;
+        (r.0 == 503).then_some(r.1)
+    })
+    .await;
+    assert!(body.contains("no leader") && body.contains(&format!("node {leader}")), "{body}");
+    assert_eq!(gauge(&c, f, "fencer_raft_has_leader").await, Some(0.0));
+    // Ten of its longest election timeouts: ten chances to campaign.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cut_off = c.node(f).service().status();
+    assert_eq!(cut_off.term, term, "the cut-off follower raised its term: {cut_off:?}");
+
+    c.heal();
+    eventually(&format!("node {f} ready again"), Duration::from_secs(10), || async {
+        (readyz(&c, f).await.0 == 200).then_some(())
+    })
+    .await;
+    // Give a deposed leader's successor time to show up before looking.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(c.leader(Duration::from_secs(10)).await, leader, "the leader was deposed");
+    for n in c.ids() {
+        let s = c.node(n).service().status();
+        assert_eq!(s.term, term, "node {n} is in another term: {s:?}");
+    }
+    c.shutdown().await;
+}
