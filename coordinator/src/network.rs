@@ -41,6 +41,15 @@ type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
 const SNAPSHOT_CHUNK: usize = 1 << 20;
 /// Largest raft message accepted (append batches, snapshot chunks).
 pub(crate) const MAX_RAFT_MESSAGE: usize = 64 << 20;
+/// The shortest deadline of an append that carries entries. openraft
+/// offers one heartbeat interval (50 ms by default), but the follower
+/// answers after its fsync, which on a loaded machine takes longer; a
+/// deadline missed counts as "unreachable" and openraft then pauses
+/// replication to that follower for 200 ms and more (its backoff) — when
+/// both followers miss it together, nothing commits for that long. A dead
+/// follower is noticed by its connection (reset, HTTP/2 keep-alive), not
+/// by this deadline. Heartbeats (no entries) keep openraft's.
+const APPEND_DEADLINE: Duration = Duration::from_secs(1);
 
 /// What the fault hook decides for one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +122,12 @@ pub(crate) struct PeerClient {
     client: Option<RaftClient<Channel>>,
     addr: String,
     faults: Option<Arc<dyn Faults>>,
+}
+
+/// The deadline of one append: openraft's for a heartbeat, at least
+/// [`APPEND_DEADLINE`] for one that carries entries.
+fn append_deadline(rpc: &AppendEntriesRequest<TypeConfig>, offered: Duration) -> Duration {
+    if rpc.entries.is_empty() { offered } else { offered.max(APPEND_DEADLINE) }
 }
 
 fn unreachable(msg: impl ToString) -> RPCError<TypeConfig> {
@@ -227,7 +242,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call("append_entries", &rpc, option.hard_ttl(), |mut c, r| async move { c.append_entries(r).await }).await
+        let ttl = append_deadline(&rpc, option.hard_ttl());
+        self.call("append_entries", &rpc, ttl, |mut c, r| async move { c.append_entries(r).await }).await
     }
 
     async fn vote(
@@ -528,7 +544,32 @@ impl RaftRpc for RaftService {
 
 #[cfg(test)]
 mod tests {
-    use super::{Vote, misrouted, own_vote};
+    use std::time::Duration;
+
+    use openraft::alias::EntryOf;
+    use openraft::entry::RaftEntry as _;
+    use openraft::raft::AppendEntriesRequest;
+
+    use super::{APPEND_DEADLINE, Vote, append_deadline, misrouted, own_vote};
+    use crate::raft::TypeConfig;
+
+    #[test]
+    fn an_append_with_entries_waits_for_the_followers_fsync_a_heartbeat_does_not() {
+        let log_id = openraft::testing::log_id::<TypeConfig>(1, 1, 7);
+        let heartbeat = AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: Some(log_id),
+            leader_commit: Some(log_id),
+            entries: vec![],
+        };
+        let fifty = Duration::from_millis(50);
+        assert_eq!(append_deadline(&heartbeat, fifty), fifty, "a heartbeat keeps openraft's deadline");
+        let mut append = heartbeat;
+        append.entries = vec![EntryOf::<TypeConfig>::new_blank(openraft::testing::log_id::<TypeConfig>(1, 1, 8))];
+        assert_eq!(append_deadline(&append, fifty), APPEND_DEADLINE, "entries wait for the fsync");
+        let long = APPEND_DEADLINE * 3;
+        assert_eq!(append_deadline(&append, long), long, "a longer deadline offered is kept");
+    }
 
     #[test]
     fn a_request_with_the_receivers_own_vote_is_refused() {
