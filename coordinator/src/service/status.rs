@@ -183,6 +183,8 @@ impl LockService {
         // leader's lease and then its longest election timer is looking for
         // a new one (with Pre-Vote, raft's metrics still name the old).
         let follower_limit = limit * 2;
+        let contact = self.inner.leader_contact.age();
+        let contact_fresh = contact.is_some_and(|age| age <= follower_limit);
         let voters = m.membership_config.membership().voter_ids().count();
         let (ready, ready_reason) = if !live {
             (false, live_reason.clone())
@@ -206,7 +208,7 @@ impl LockService {
                     ),
                     None => (false, "leader without any quorum acknowledgement yet".to_string()),
                 },
-                (Some(l), false) => match self.inner.leader_contact.age() {
+                (Some(l), false) => match contact {
                     Some(age) if age <= follower_limit => (
                         true,
                         format!("{}; leader is node {l}, heard from {} ms ago", server_state(m.state), age.as_millis()),
@@ -226,7 +228,7 @@ impl LockService {
         let has_leader = match (m.current_leader, is_leader) {
             (None, _) => false,
             (Some(_), true) => true,
-            (Some(_), false) => self.inner.leader_contact.age().is_some_and(|age| age <= follower_limit),
+            (Some(_), false) => contact_fresh,
         };
         Health {
             live,
