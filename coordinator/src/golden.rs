@@ -17,7 +17,7 @@ use fencer_token::KeyId;
 use futures::stream;
 use openraft::alias::EntryOf;
 use openraft::entry::RaftEntry as _;
-use openraft::storage::{RaftSnapshotBuilder as _, RaftStateMachine as _};
+use openraft::storage::RaftStateMachine as _;
 
 use crate::signing::KeyRegistration;
 use crate::{

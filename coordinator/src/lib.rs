@@ -127,10 +127,9 @@ pub use self::service::{
 };
 pub use self::signing::{SIGNING_DIR, SigningKeyError, SigningKeyView, key_set};
 pub use self::state_machine::{
-    AcquireCmd, AcquireFingerprint, Applied, CancelOutcome, Changes, Command, DedupOutcome, DedupRecord, EndReason,
-    EndedGrant, EndedLease, Event, Grant, KeyChange, KeyRefusal, LockRecord, LockState, LogCommand, Outcome, Quota,
-    QuotaLimit, Rejection, RequestKey, ResourceHash, ResourceState, Reuse, SigningKeyRecord, Waiter,
-    current_signing_key,
+    AcquireCmd, AcquireFingerprint, Applied, CancelOutcome, Command, DedupOutcome, DedupRecord, EndReason, EndedGrant,
+    EndedLease, Event, Grant, KeyChange, KeyRefusal, LockRecord, LockState, LogCommand, Outcome, Quota, QuotaLimit,
+    Rejection, RequestKey, ResourceHash, ResourceState, Reuse, SigningKeyRecord, Waiter, current_signing_key,
 };
 pub use self::store::{
     ApplyObserver, LOG_FILE, LogReader, LogStore, NoObserver, SNAPSHOT_DIR, STATE_FILE, StateMachineStore,

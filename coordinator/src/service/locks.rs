@@ -441,7 +441,7 @@ impl LockService {
             Some(a) if a.as_str() >= prefix => Bound::Excluded(a.as_str()),
             _ => Bound::Included(prefix),
         };
-        let range = state.resources().range::<str, _>((from, Bound::Unbounded));
+        let range = state.resources().range::<_, str>((from, Bound::Unbounded));
         let mut out = Vec::new();
         let mut next = String::new();
         for (name, r) in range {

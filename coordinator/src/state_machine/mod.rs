@@ -5,8 +5,7 @@
 //!
 //! Besides its [`Outcome`], each apply reports [`Event`]s (a lease started,
 //! was renewed, ended; a waiter left the queue) for the node's lease clock,
-//! parked calls and audit log, and records which keys it changed in
-//! [`Changes`] so the store can persist exactly those.
+//! parked calls and audit log.
 //!
 //! # Layout
 //! - `command` — [`LogCommand`] and its [`Command`]s, what the leader proposes.
@@ -16,7 +15,9 @@
 //!   ended leases, signing keys.
 //! - this module — [`LockState`] and its `apply`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+
+use imbl::OrdMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -39,46 +40,19 @@ pub use self::record::{
     ResourceState, SigningKeyRecord, Waiter, current_signing_key,
 };
 
-/// Keys changed since the store last drained them.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Changes {
-    /// Resources whose record changed (now present or deleted).
-    pub resources: BTreeSet<ResourceName>,
-    /// Dedup keys inserted or updated.
-    pub dedup_put: BTreeSet<RequestKey>,
-    /// Dedup keys removed.
-    pub dedup_del: BTreeSet<RequestKey>,
-    /// Ended-lease keys inserted.
-    pub ended_put: BTreeSet<LeaseId>,
-    /// Ended-lease keys removed.
-    pub ended_del: BTreeSet<LeaseId>,
-    /// Signing keys registered or changed.
-    pub signing_keys: BTreeSet<KeyId>,
-}
-
-impl Changes {
-    /// Whether nothing changed.
-    pub fn is_empty(&self) -> bool {
-        self.resources.is_empty()
-            && self.dedup_put.is_empty()
-            && self.dedup_del.is_empty()
-            && self.ended_put.is_empty()
-            && self.ended_del.is_empty()
-            && self.signing_keys.is_empty()
-    }
-}
-
 /// The whole replicated lock state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockState {
-    resources: BTreeMap<ResourceName, ResourceState>,
+    resources: OrdMap<ResourceName, ResourceState>,
     /// Request-id and ended-lease records (~240,000 each at the seed rate).
     /// B-trees, not hash maps: a hash map sizes itself to a power of two
     /// and sat at 46 % full at the seed rate (38 + 26 MB); B-tree nodes
     /// grow with the record count (~25 + 16 MB), and lookups stay cheap
-    /// next to a raft round trip.
-    dedup: BTreeMap<RequestKey, DedupRecord>,
-    ended: BTreeMap<LeaseId, EndedLease>,
+    /// next to a raft round trip. The three big maps are persistent
+    /// (`imbl`): cloning the state for a snapshot shares every node, and
+    /// an apply meanwhile copies only the nodes it touches.
+    dedup: OrdMap<RequestKey, DedupRecord>,
+    ended: OrdMap<LeaseId, EndedLease>,
     /// Token-signing public keys (DESIGN P7), by key id.
     #[serde(default)]
     signing_keys: BTreeMap<KeyId, SigningKeyRecord>,
@@ -86,8 +60,6 @@ pub struct LockState {
     waiter_count: u64,
     /// Total held locks.
     lock_count: u64,
-    #[serde(skip)]
-    changes: Changes,
 }
 
 impl LockState {
@@ -98,21 +70,13 @@ impl LockState {
 
     /// Rebuilds a state from its persisted parts.
     pub fn from_parts(
-        resources: BTreeMap<ResourceName, ResourceState>,
-        dedup: BTreeMap<RequestKey, DedupRecord>,
-        ended: BTreeMap<LeaseId, EndedLease>,
+        resources: OrdMap<ResourceName, ResourceState>,
+        dedup: OrdMap<RequestKey, DedupRecord>,
+        ended: OrdMap<LeaseId, EndedLease>,
     ) -> Self {
         let lock_count = resources.values().filter(|r| r.lock.is_some()).count() as u64;
         let waiter_count = resources.values().map(|r| r.waiters.len() as u64).sum();
-        Self {
-            resources,
-            dedup,
-            ended,
-            signing_keys: BTreeMap::new(),
-            waiter_count,
-            lock_count,
-            changes: Changes::default(),
-        }
+        Self { resources, dedup, ended, signing_keys: BTreeMap::new(), waiter_count, lock_count }
     }
 
     /// The same state with these signing keys (rebuilding a persisted state).
@@ -132,7 +96,7 @@ impl LockState {
     }
 
     /// All resources with a lock or waiters, in name order.
-    pub fn resources(&self) -> &BTreeMap<ResourceName, ResourceState> {
+    pub fn resources(&self) -> &OrdMap<ResourceName, ResourceState> {
         &self.resources
     }
 
@@ -147,7 +111,7 @@ impl LockState {
     }
 
     /// All dedup records.
-    pub fn dedup_records(&self) -> &BTreeMap<RequestKey, DedupRecord> {
+    pub fn dedup_records(&self) -> &OrdMap<RequestKey, DedupRecord> {
         &self.dedup
     }
 
@@ -157,7 +121,7 @@ impl LockState {
     }
 
     /// All ended-lease records.
-    pub fn ended_records(&self) -> &BTreeMap<LeaseId, EndedLease> {
+    pub fn ended_records(&self) -> &OrdMap<LeaseId, EndedLease> {
         &self.ended
     }
 
@@ -169,11 +133,6 @@ impl LockState {
     /// Number of queued requests.
     pub fn waiter_count(&self) -> u64 {
         self.waiter_count
-    }
-
-    /// Takes the keys changed since the last call.
-    pub fn take_changes(&mut self) -> Changes {
-        std::mem::take(&mut self.changes)
     }
 
     /// Applies the entry at log `index`. Deterministic: the same state, index
@@ -275,7 +234,7 @@ impl LockState {
     fn resources_under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a ResourceName, &'a ResourceState)> {
         use std::ops::Bound;
         self.resources
-            .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
+            .range::<_, str>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(move |(n, _)| n.as_str().starts_with(prefix))
     }
 
@@ -324,12 +283,9 @@ impl LockState {
         // A refusal may have created an empty entry above; idle records are deleted.
         if self.resources.get(resource).is_some_and(ResourceState::is_idle) {
             self.resources.remove(resource);
-        } else {
-            self.changes.resources.insert(resource.clone());
         }
         self.dedup
             .insert(key, DedupRecord { resource: ResourceHash::of(resource), outcome: dedup, at_ms, fingerprint });
-        self.changes.dedup_put.insert(key);
         outcome
     }
 
@@ -401,7 +357,6 @@ impl LockState {
         };
         lock.renewed_index = index;
         let (token, ttl_ms, holder) = (lock.token, lock.ttl_ms, lock.holder.clone());
-        self.changes.resources.insert(resource.clone());
         events.push(Event::LeaseRenewed {
             resource: resource.clone(),
             lease_id: *lease_id,
@@ -448,8 +403,6 @@ impl LockState {
         let Some(old) = state.lock.take() else { return };
         self.lock_count -= 1;
         self.ended.insert(old.lease_id, EndedLease { resource: ResourceHash::of(resource), reason, index, at_ms });
-        self.changes.ended_put.insert(old.lease_id);
-        self.changes.ended_del.remove(&old.lease_id);
         events.push(Event::LeaseEnded {
             resource: resource.clone(),
             lease_id: old.lease_id,
@@ -466,13 +419,11 @@ impl LockState {
             if let Some(rec) = self.dedup.get_mut(&key) {
                 rec.outcome = DedupOutcome::granted(&grant);
                 rec.at_ms = at_ms;
-                self.changes.dedup_put.insert(key);
             }
         }
         if state.is_idle() {
             self.resources.remove(resource);
         }
-        self.changes.resources.insert(resource.clone());
     }
 
     fn cancel_wait(
@@ -490,12 +441,10 @@ impl LockState {
             if state.is_idle() {
                 self.resources.remove(resource);
             }
-            self.changes.resources.insert(resource.clone());
             let key = RequestKey::of(request_id);
             if let Some(rec) = self.dedup.get_mut(&key) {
                 rec.outcome = DedupOutcome::WaitCancelled;
                 rec.at_ms = at_ms;
-                self.changes.dedup_put.insert(key);
             }
             events.push(Event::WaiterCancelled {
                 resource: resource.clone(),
@@ -571,7 +520,6 @@ impl LockState {
             registered_at_ms: at_ms,
         };
         self.signing_keys.insert(kid.clone(), key.clone());
-        self.changes.signing_keys.insert(kid.clone());
         events.push(Event::SigningKeyRegistered { kid: kid.clone(), key });
         KeyChange::Registered
     }
@@ -587,39 +535,27 @@ impl LockState {
         let end = key.not_after_unix_ms.map_or(not_after_unix_ms, |old| old.min(not_after_unix_ms));
         if key.not_after_unix_ms != Some(end) {
             key.not_after_unix_ms = Some(end);
-            self.changes.signing_keys.insert(kid.clone());
             events.push(Event::SigningKeyRetired { kid: kid.clone(), key: key.clone() });
         }
         KeyChange::Retired { not_after_unix_ms: end }
     }
 
     fn prune(&mut self, older_than_ms: u64) -> Outcome {
-        let mut dedup_removed = Vec::new();
-        self.dedup.retain(|id, rec| {
-            // A queued request keeps its record: its retry must find its slot.
-            let keep = rec.at_ms >= older_than_ms || matches!(rec.outcome, DedupOutcome::Queued { .. });
-            if !keep {
-                dedup_removed.push(*id);
-            }
-            keep
-        });
-        let mut ended_removed = Vec::new();
-        self.ended.retain(|id, rec| {
-            let keep = rec.at_ms >= older_than_ms;
-            if !keep {
-                ended_removed.push(*id);
-            }
-            keep
-        });
-        let out = Outcome::Pruned { dedup: dedup_removed.len() as u64, ended: ended_removed.len() as u64 };
-        for id in dedup_removed {
-            self.changes.dedup_put.remove(&id);
-            self.changes.dedup_del.insert(id);
+        // A queued request keeps its record: its retry must find its slot.
+        let dedup_old: Vec<RequestKey> = self
+            .dedup
+            .iter()
+            .filter(|(_, rec)| rec.at_ms < older_than_ms && !matches!(rec.outcome, DedupOutcome::Queued { .. }))
+            .map(|(id, _)| *id)
+            .collect();
+        let ended_old: Vec<LeaseId> =
+            self.ended.iter().filter(|(_, rec)| rec.at_ms < older_than_ms).map(|(id, _)| *id).collect();
+        for id in &dedup_old {
+            self.dedup.remove(id);
         }
-        for id in ended_removed {
-            self.changes.ended_put.remove(&id);
-            self.changes.ended_del.insert(id);
+        for id in &ended_old {
+            self.ended.remove(id);
         }
-        out
+        Outcome::Pruned { dedup: dedup_old.len() as u64, ended: ended_old.len() as u64 }
     }
 }

@@ -1,23 +1,26 @@
-//! The state-machine store (DESIGN §3.4): the lock state lives in memory for
-//! fast reads and applies; a dedicated persister thread writes every applied
-//! batch to its own redb file — the changed keys, the last applied log id and
-//! the membership in one transaction, so state and dedup table never disagree
-//! with `applied`.
+//! The state-machine store (DESIGN §3.4): the lock state lives in memory
+//! for fast reads and applies, and is persisted only in snapshot files.
 //!
-//! Applying is in memory and answers at once; persisting follows in log
-//! order, several batches per transaction when busy. That is safe because the
-//! raft log is the durable record: after a crash the state file holds some
-//! consistent prefix and openraft re-applies the tail (apply is
-//! deterministic). Batch commits use `Durability::None`, one per second and
-//! every snapshot `Durability::Immediate`, so a snapshot never covers state
-//! the disk does not hold before raft purges the log behind it. A persister
-//! failure is sticky: the next apply returns it and raft stops, rather than
-//! let the file skip a batch. No redb call runs on an async worker thread.
+//! Between two snapshots the raft log is the durable record: after a restart
+//! the state is the newest snapshot file's, and openraft re-applies the
+//! committed log entries past it (apply is deterministic; openraft's
+//! "transient state machine" recovery). A snapshot is taken from an O(1)
+//! clone of the state (its maps are persistent, module `state_machine`) at
+//! exactly the last applied entry, and encoded and written on a blocking
+//! thread while applies go on. Its file is written durably before openraft
+//! may purge the log behind it.
 //!
 //! The audit log (module `audit`) rides along: apply derives each entry's
-//! audit records, the persister writes them before it commits the state
-//! they describe and syncs them before every durable commit, so the audit
-//! file is never behind the state file.
+//! audit records and the persister thread writes them in log order; they
+//! are synced before every snapshot file, so the audit file is never behind
+//! the persisted state, and the writer skips lines it already holds when
+//! entries are re-applied after a restart. A persister failure is sticky:
+//! the next apply returns it and raft stops, rather than let the audit log
+//! skip a batch. No file is written on an async worker thread.
+//!
+//! Data dirs from before this layout kept the state in a redb file
+//! (`state.redb`, written every 25 ms); it is moved into a snapshot file the
+//! first time the store opens and then removed.
 
 use std::io::{self, Cursor};
 use std::path::{Path, PathBuf};
@@ -27,23 +30,17 @@ use futures::{Stream, TryStreamExt};
 use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, StoredMembership};
-use redb::Database;
 use tokio::sync::{mpsc, oneshot};
 
 use super::codec::io_err;
-use super::persister::{PERSIST_QUEUE, PersistOp, Persister, gather, persister_gone};
-use super::snapshot::{build, current_snapshot, install, migrate_legacy_dedup};
-use super::tables::{DEDUP, ENDED, RESOURCES, SIGNING_KEYS, SM_META, load};
+use super::persister::{PERSIST_QUEUE, PersistOp, Persister, persister_gone};
+use super::snapshot::{build, current_snapshot, install, open_state};
 use super::{LogIdT, Membership, Snapshot, SnapshotMeta};
 use crate::audit::{AuditLog, AuditRecord, records_for};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::raft::TypeConfig;
 use crate::state_machine::{Applied, LockState, LogCommand, Outcome};
-
-/// redb's page cache for the state file (its default is 1 GiB). The state is
-/// served from memory; redb's cache only speeds up batch commits.
-pub(crate) const STATE_CACHE_BYTES: usize = 8 << 20;
 
 /// Told about every applied entry, on the applying thread, in log order.
 pub trait ApplyObserver: Send + Sync + 'static {
@@ -89,11 +86,12 @@ fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 }
 
 impl StateMachineStore {
-    /// Opens (or creates) the state file and loads the state into memory;
-    /// with `audit`, records every applied change there (module `audit`).
-    /// Blocking: call it from `spawn_blocking` or before serving.
+    /// Loads the state of the newest snapshot file in `snapshot_dir` (moving
+    /// a state file left at `legacy_state_file` by an earlier version into
+    /// one first); with `audit`, records every applied change there (module
+    /// `audit`). Blocking: call it from `spawn_blocking` or before serving.
     pub fn open(
-        path: &Path,
+        legacy_state_file: &Path,
         snapshot_dir: &Path,
         observer: Arc<dyn ApplyObserver>,
         metrics: Arc<Metrics>,
@@ -102,21 +100,7 @@ impl StateMachineStore {
     ) -> io::Result<Self> {
         std::fs::create_dir_all(snapshot_dir)
             .map_err(|e| io_err(&format!("create snapshot dir {}", snapshot_dir.display()), e))?;
-        let db = Database::builder()
-            .set_cache_size(STATE_CACHE_BYTES)
-            .create(path)
-            .map_err(|e| io_err(&format!("open state file {}", path.display()), e))?;
-        {
-            let w = db.begin_write().map_err(|e| io_err("begin", e))?;
-            w.open_table(RESOURCES).map_err(|e| io_err("open resources", e))?;
-            w.open_table(DEDUP).map_err(|e| io_err("open dedup", e))?;
-            migrate_legacy_dedup(&w)?;
-            w.open_table(ENDED).map_err(|e| io_err("open ended", e))?;
-            w.open_table(SM_META).map_err(|e| io_err("open sm_meta", e))?;
-            w.open_table(SIGNING_KEYS).map_err(|e| io_err("open signing_keys", e))?;
-            w.commit().map_err(|e| io_err("commit", e))?;
-        }
-        let (state, applied, membership) = load(&db)?;
+        let (state, applied, membership) = open_state(legacy_state_file, snapshot_dir)?;
         metrics.locks_held.set(state.lock_count() as i64);
         metrics.waiters.set(state.waiter_count() as i64);
         let (persist, rx) = mpsc::channel(PERSIST_QUEUE);
@@ -124,13 +108,10 @@ impl StateMachineStore {
         let (closed, closed_rx) = tokio::sync::watch::channel(());
         let audit_renewals = audit.as_ref().map(AuditLog::renewals);
         let persister = Persister {
-            db,
             _closed: closed,
             failed: failed.clone(),
             clock,
-            applied,
-            membership: membership.clone(),
-            last_immediate_ms: clock.wall_ms(),
+            last_sync_ms: clock.wall_ms(),
             audit,
             metrics: metrics.clone(),
         };
@@ -168,19 +149,26 @@ impl StateMachineStore {
         self.shared.applied.lock().unwrap_or_else(|p| p.into_inner()).0.as_ref().map(|l| l.index)
     }
 
-    /// A receiver whose `changed()` fails once the state file is closed (every
+    /// A receiver whose `changed()` fails once the audit file is closed (every
     /// store handle dropped and the persister ended).
     pub fn closed(&self) -> tokio::sync::watch::Receiver<()> {
         self.shared.closed.clone()
     }
 
-    /// The persister's first failure, if the state or audit file could not
-    /// be written (the node then applies nothing more until restarted).
+    /// The persister's first failure, if the audit file could not be
+    /// written (the node then applies nothing more until restarted).
     pub fn failure_message(&self) -> Option<String> {
         self.shared.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Makes everything applied so far durable.
+    /// Builds a snapshot of the state as applied now (what openraft does
+    /// through [`RaftStateMachine::get_snapshot_builder`]).
+    pub async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
+        self.get_snapshot_builder().await.build_snapshot().await
+    }
+
+    /// Makes the audit lines of everything applied so far durable (the
+    /// state itself is durable in the raft log and the snapshot files).
     pub async fn sync(&self) -> io::Result<()> {
         let (done, rx) = oneshot::channel();
         self.shared.send(PersistOp::Sync { done }).await?;
@@ -196,7 +184,7 @@ impl Shared {
 
     pub(super) fn failure(&self) -> Option<io::Error> {
         let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-        failed.as_ref().map(|m| io_err("the state file could not be written", m))
+        failed.as_ref().map(|m| io_err("the audit file could not be written", m))
     }
 }
 
@@ -207,15 +195,15 @@ enum Item {
     Blank,
 }
 
-/// Applies a batch in memory (CPU only: the state lock, the observer, and
-/// encoding the changed keys) and returns the outcomes and the persister's work.
+/// Applies a batch in memory (CPU only: the state lock, the observer, the
+/// audit records) and returns the outcomes and the persister's work.
 fn apply_in_memory(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<(Vec<Outcome>, Option<PersistOp>)> {
     let started = shared.clock.now();
     let mut outcomes = Vec::with_capacity(items.len());
     let mut last = None;
     let mut membership = None;
     let mut audit = Vec::new();
-    let writes = {
+    {
         let mut state = shared.state.write().unwrap_or_else(|p| p.into_inner());
         for (log_id, item) in items {
             match item {
@@ -254,9 +242,7 @@ fn apply_in_memory(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<(V
         }
         shared.metrics.locks_held.set(state.lock_count() as i64);
         shared.metrics.waiters.set(state.waiter_count() as i64);
-        let changes = state.take_changes();
-        gather(&state, changes)?
-    };
+    }
     let Some(last) = last else { return Ok((outcomes, None)) };
     {
         let mut applied = shared.applied.lock().unwrap_or_else(|p| p.into_inner());
@@ -268,12 +254,13 @@ fn apply_in_memory(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<(V
     shared.metrics.applied_index.set(last.index as i64);
     shared.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
     shared.metrics.apply_batch_entries.observe(outcomes.len() as f64);
-    Ok((outcomes, Some(PersistOp::Batch { writes, applied: last, membership, audit })))
+    let op = (!audit.is_empty()).then_some(PersistOp::Audit { records: audit });
+    Ok((outcomes, op))
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
     type SnapshotData = Cursor<Vec<u8>>;
-    type SnapshotBuilder = Self;
+    type SnapshotBuilder = SnapshotView;
 
     async fn applied_state(&mut self) -> Result<(Option<LogIdT>, Membership), io::Error> {
         let applied = self.shared.applied.lock().unwrap_or_else(|p| p.into_inner());
@@ -315,8 +302,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok(())
     }
 
+    /// Called by openraft between two applies: the view is the state at
+    /// exactly the last applied entry (an O(1) clone of its maps).
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        self.clone()
+        let state = read_lock(&self.shared.state).clone();
+        let (last_log_id, last_membership) = self.shared.applied.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        SnapshotView { shared: self.shared.clone(), state, meta: SnapshotMeta { last_log_id, last_membership } }
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Self::SnapshotData) -> Result<(), io::Error> {
@@ -328,10 +319,17 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 }
 
-impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+/// The state as of one applied entry, for a snapshot built while applies go on.
+pub struct SnapshotView {
+    shared: Arc<Shared>,
+    state: LockState,
+    meta: SnapshotMeta,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotView {
     type SnapshotData = Cursor<Vec<u8>>;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        build(&self.shared).await
+        build(&self.shared, std::mem::take(&mut self.state), self.meta.clone()).await
     }
 }

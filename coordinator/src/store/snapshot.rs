@@ -6,22 +6,23 @@
 //! records by [`RequestKey`]; formats 3 and 2 (dedup by request id text;
 //! 2 without signing keys) are still read, from files and from leaders not
 //! upgraded yet, and a state file from before format 4 is migrated when
-//! opened. A snapshot file is `[u32 LE header length][header][body]`,
-//! written atomically; every body this store hands out is format 4.
+//! moved into a snapshot file when opened. A snapshot file is
+//! `[u32 LE header length][header][body]`, written atomically; every body
+//! this store hands out is format 4. The newest snapshot file is the
+//! persisted lock state (module `sm_store`).
 
 use std::io::{self, Cursor, Write as _};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use redb::{ReadableTable, TableDefinition, TableHandle};
+use redb::{ReadableTable, TableHandle};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::codec::{decode, encode, io_err};
 use super::persister::{PersistOp, persister_gone};
 use super::sm_store::Shared;
-use super::tables::{DEDUP, ENDED, LEGACY_DEDUP, RESOURCES, SIGNING_KEYS, TableDump, state_from_dump, write_rows};
-use super::{Snapshot, SnapshotMeta};
+use super::tables::{DEDUP, LEGACY_DEDUP, TableDump, load_state_file, state_from_dump, write_rows};
+use super::{LogIdT, Membership, Snapshot, SnapshotMeta};
 use crate::audit::AuditRecord;
 use crate::state_machine::{LockState, RequestKey};
 use crate::types::RequestId;
@@ -185,22 +186,24 @@ fn exact<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> io::Result
     Ok(value)
 }
 
-/// A format-4 body encoded straight from the state file's tables, row by
-/// row: the same bytes as `dump_tables(r)?.encode_body()`, without first
-/// copying every row into a [`TableDump`] (at the seed workload that copy was
-/// ~80 MB in ~500,000 small allocations, at every snapshot).
-struct BodyFromTables<'a>(&'a redb::ReadTransaction);
+/// A format-4 body encoded straight from a lock state, row by row: the same
+/// bytes as the [`TableDump`] of its records, without first collecting the
+/// encoded rows (at the seed workload ~500,000 of them).
+pub(super) struct BodyFromState<'a>(pub(super) &'a LockState);
 
-/// The tables of [`BodyFromTables`], in [`TableDump`]'s field order.
-struct TablesFrom<'a>(&'a redb::ReadTransaction);
+/// The tables of [`BodyFromState`], in [`TableDump`]'s field order.
+struct TablesFrom<'a>(&'a LockState);
 
-/// One table's rows as a postcard sequence of `(key, value)` pairs.
-struct RowsFrom<'a, K: redb::Key + 'static> {
-    r: &'a redb::ReadTransaction,
-    def: TableDefinition<'static, K, &'static [u8]>,
+/// One table's rows as a postcard sequence of `(key, encoded value)` pairs.
+struct RowsFrom<I>(std::cell::RefCell<Option<I>>, usize);
+
+impl<I> RowsFrom<I> {
+    fn new(len: usize, rows: I) -> Self {
+        Self(std::cell::RefCell::new(Some(rows)), len)
+    }
 }
 
-impl Serialize for BodyFromTables<'_> {
+impl Serialize for BodyFromState<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
         let mut body = s.serialize_struct("TaggedDump", 2)?;
@@ -213,59 +216,111 @@ impl Serialize for BodyFromTables<'_> {
 impl Serialize for TablesFrom<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
-        let r = self.0;
+        let st = self.0;
+        let enc = |what: &'static str| move |e: io::Error| format!("encode {what}: {e}");
         let mut tables = s.serialize_struct("TableDump", 4)?;
-        tables.serialize_field("resources", &RowsFrom { r, def: RESOURCES })?;
-        tables.serialize_field("dedup", &RowsFrom { r, def: DEDUP })?;
-        tables.serialize_field("ended", &RowsFrom { r, def: ENDED })?;
-        tables.serialize_field("signing_keys", &RowsFrom { r, def: SIGNING_KEYS })?;
+        let resources = st.resources().iter().map(|(k, v)| Ok((k.as_str(), encode(v).map_err(enc("resource"))?)));
+        tables.serialize_field("resources", &RowsFrom::new(st.resources().len(), resources))?;
+        let dedup = st
+            .dedup_records()
+            .iter()
+            .map(|(k, v)| Ok((k.to_u128(), v.to_stored().map_err(|e| format!("encode dedup record: {e}"))?)));
+        tables.serialize_field("dedup", &RowsFrom::new(st.dedup_records().len(), dedup))?;
+        let ended = st.ended_records().iter().map(|(k, v)| Ok((k.to_u128(), encode(v).map_err(enc("ended lease"))?)));
+        tables.serialize_field("ended", &RowsFrom::new(st.ended_records().len(), ended))?;
+        let keys = st.signing_keys().iter().map(|(k, v)| Ok((k.as_str(), encode(v).map_err(enc("signing key"))?)));
+        tables.serialize_field("signing_keys", &RowsFrom::new(st.signing_keys().len(), keys))?;
         tables.end()
     }
 }
 
-impl<K> Serialize for RowsFrom<'_, K>
+impl<I, K> Serialize for RowsFrom<I>
 where
-    K: redb::Key + 'static,
-    for<'k> K::SelfType<'k>: Serialize,
+    I: Iterator<Item = Result<(K, Vec<u8>), String>>,
+    K: Serialize,
 {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use redb::ReadableTableMetadata as _;
         use serde::ser::{Error as _, SerializeSeq as _};
-        let err = |e: &dyn std::fmt::Display| S::Error::custom(format!("read {}: {e}", self.def));
-        let table = self.r.open_table(self.def).map_err(|e| err(&e))?;
-        let len = usize::try_from(table.len().map_err(|e| err(&e))?).map_err(|e| err(&e))?;
-        let mut seq = s.serialize_seq(Some(len))?;
-        for item in table.iter().map_err(|e| err(&e))? {
-            let (k, v) = item.map_err(|e| err(&e))?;
-            seq.serialize_element(&(k.value(), v.value()))?;
+        let rows = self.0.borrow_mut().take().ok_or_else(|| S::Error::custom("rows serialized twice"))?;
+        let mut seq = s.serialize_seq(Some(self.1))?;
+        for row in rows {
+            let (k, v) = row.map_err(S::Error::custom)?;
+            seq.serialize_element(&(k, v.as_slice()))?;
         }
         seq.end()
     }
+}
+
+/// Encodes a lock state as a format-4 body.
+pub(super) fn encode_state(state: &LockState, size_hint: usize) -> io::Result<Vec<u8>> {
+    postcard::to_extend(&BodyFromState(state), Vec::with_capacity(size_hint)).map_err(|e| io_err("encode snapshot", e))
 }
 
 /// The newest snapshot file, its body in today's format (module docs).
 pub(super) async fn current_snapshot(dir: &Path) -> io::Result<Option<Snapshot>> {
     let dir = dir.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        let Some(path) = latest_snapshot(&dir)? else { return Ok(None) };
-        let mut bytes = std::fs::read(&path).map_err(|e| io_err(&format!("read {}", path.display()), e))?;
-        let damaged = || io_err("snapshot", format!("{} is truncated or damaged", path.display()));
-        let len = bytes.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize).ok_or_else(damaged)?;
-        let header: SnapshotHeader = decode(bytes.get(4..4 + len).ok_or_else(damaged)?, "snapshot header")?;
-        let state = bytes.split_off(4 + len);
-        let state = match header.format {
-            SNAPSHOT_FORMAT => state,
-            // An older file: re-encode its body in today's format, so
-            // every body this store hands out is format 4.
-            f @ (SNAPSHOT_FORMAT_V3 | SNAPSHOT_FORMAT_V2) => TableDump::decode_format(&state, f)?.encode_body()?,
-            other => {
-                return Err(io_err("snapshot", format!("unknown format {other} in {}", path.display())));
-            }
-        };
-        Ok(Some(Snapshot { meta: header.meta, snapshot: Cursor::new(state) }))
+        Ok(read_latest(&dir)?.map(|(meta, body)| Snapshot { meta, snapshot: Cursor::new(body) }))
     })
     .await
     .map_err(|e| io_err("snapshot task", e))?
+}
+
+/// The newest snapshot file's meta and its body in today's format. Blocking.
+fn read_latest(dir: &Path) -> io::Result<Option<(SnapshotMeta, Vec<u8>)>> {
+    let Some(path) = latest_snapshot(dir)? else { return Ok(None) };
+    let mut bytes = std::fs::read(&path).map_err(|e| io_err(&format!("read {}", path.display()), e))?;
+    let damaged = || io_err("snapshot", format!("{} is truncated or damaged", path.display()));
+    let len = bytes.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize).ok_or_else(damaged)?;
+    let header: SnapshotHeader = decode(bytes.get(4..4 + len).ok_or_else(damaged)?, "snapshot header")?;
+    let state = bytes.split_off(4 + len);
+    let state = match header.format {
+        SNAPSHOT_FORMAT => state,
+        // An older file: re-encode its body in today's format, so
+        // every body this store hands out is format 4.
+        f @ (SNAPSHOT_FORMAT_V3 | SNAPSHOT_FORMAT_V2) => TableDump::decode_format(&state, f)?.encode_body()?,
+        other => {
+            return Err(io_err("snapshot", format!("unknown format {other} in {}", path.display())));
+        }
+    };
+    Ok(Some((header.meta, state)))
+}
+
+/// The persisted lock state at open: the newest snapshot file's, or the
+/// state file of an earlier version when it is newer (written into a
+/// snapshot file first). A legacy state file is removed once a snapshot file
+/// holds at least its state. Blocking.
+pub(super) fn open_state(legacy_state_file: &Path, dir: &Path) -> io::Result<(LockState, Option<LogIdT>, Membership)> {
+    let newest = match read_latest(dir)? {
+        Some((meta, body)) => {
+            let dump = TableDump::decode_format(&body, SNAPSHOT_FORMAT)
+                .map_err(|e| io_err(&format!("snapshot in {}", dir.display()), e))?;
+            Some((state_from_dump(&dump)?, meta))
+        }
+        None => None,
+    };
+    let snapshot_applied = newest.as_ref().and_then(|(_, m)| m.last_log_id);
+    let mut newest = newest.map(|(state, m)| (state, m.last_log_id, m.last_membership));
+    if legacy_state_file.exists() {
+        let (state, applied, membership) = load_state_file(legacy_state_file)?;
+        if applied > snapshot_applied {
+            let meta = SnapshotMeta { last_log_id: applied, last_membership: membership.clone() };
+            let body = encode_state(&state, 0)?;
+            write_snapshot_file(dir, &meta, &body)?;
+            tracing::info!(
+                index = ?applied.as_ref().map(|l| l.index),
+                file = %legacy_state_file.display(),
+                "moved the state file of an earlier version into a snapshot file"
+            );
+            newest = Some((state, applied, membership));
+        }
+        std::fs::remove_file(legacy_state_file)
+            .map_err(|e| io_err(&format!("remove {}", legacy_state_file.display()), e))?;
+        if let Some(parent) = legacy_state_file.parent() {
+            std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(|e| io_err("fsync data dir", e))?;
+        }
+    }
+    Ok(newest.unwrap_or_else(|| (LockState::new(), None, Membership::default())))
 }
 
 fn snapshot_name(index: u64) -> String {
@@ -311,24 +366,23 @@ fn write_snapshot_file(dir: &Path, meta: &SnapshotMeta, state: &[u8]) -> io::Res
     Ok(4 + header.len() + state.len())
 }
 
-/// Builds a snapshot without stalling applies: the persister makes the state
-/// file durable and dumps it at exactly the last persisted batch (applies go
-/// on meanwhile, queueing for the persister); encoding and writing the file
-/// happen on a blocking thread.
-pub(super) async fn build(shared: &Shared) -> io::Result<Snapshot> {
+/// Builds a snapshot from `state`, the state at exactly `meta` (a clone
+/// taken between two applies): the audit lines up to it are synced first,
+/// then the body is encoded and its file written on a blocking thread while
+/// applies go on.
+pub(super) async fn build(shared: &Shared, state: LockState, meta: SnapshotMeta) -> io::Result<Snapshot> {
     let started = shared.clock.now();
     let (done, rx) = oneshot::channel();
-    shared.send(PersistOp::Snapshot { done }).await?;
-    let (meta, view) = rx.await.map_err(|_| persister_gone())??;
-    let dumped = started.elapsed();
+    shared.send(PersistOp::Sync { done }).await?;
+    rx.await.map_err(|_| persister_gone())??;
+    let synced = started.elapsed();
     let dir = shared.snapshot_dir.clone();
     let file_meta = meta.clone();
     // Sized like the previous body, so the buffer does not double its way up.
     let hint = usize::try_from(shared.metrics.snapshot_bytes.get()).unwrap_or(0);
     let (body, size) = tokio::task::spawn_blocking(move || -> io::Result<(Vec<u8>, usize)> {
-        let body = postcard::to_extend(&BodyFromTables(&view), Vec::with_capacity(hint + hint / 16))
-            .map_err(|e| io_err("encode snapshot", e))?;
-        drop(view);
+        let body = encode_state(&state, hint + hint / 16)?;
+        drop(state);
         let size = write_snapshot_file(&dir, &file_meta, &body)?;
         Ok((body, size))
     })
@@ -339,34 +393,31 @@ pub(super) async fn build(shared: &Shared) -> io::Result<Snapshot> {
     tracing::info!(
         index = ?meta.last_log_id.as_ref().map(|l| l.index),
         bytes = size,
-        dump_ms = dumped.as_millis() as u64,
+        audit_sync_ms = synced.as_millis() as u64,
         total_ms = started.elapsed().as_millis() as u64,
         "built snapshot"
     );
     Ok(Snapshot { meta, snapshot: Cursor::new(body) })
 }
 
-/// Installs a snapshot: validates it, has the persister replace every table,
-/// writes the snapshot file, then swaps the in-memory state. The file comes
-/// after the tables (as in `build`): a snapshot file on disk never runs ahead
-/// of the state file.
+/// Installs a snapshot: validates it, records it in the audit log, writes
+/// the snapshot file, then swaps the in-memory state.
 pub(super) async fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Result<()> {
-    let (dump, new_state, body) =
-        tokio::task::spawn_blocking(move || -> io::Result<(TableDump, LockState, Vec<u8>)> {
-            let (dump, format) = TableDump::decode_any(&bytes)?;
-            let state = state_from_dump(&dump)?;
-            // The file always holds today's format, whatever the leader sent.
-            let body = if format == SNAPSHOT_FORMAT { bytes } else { dump.encode_body()? };
-            Ok((dump, state, body))
-        })
-        .await
-        .map_err(|e| io_err("install task", e))??;
+    let (new_state, body) = tokio::task::spawn_blocking(move || -> io::Result<(LockState, Vec<u8>)> {
+        let (dump, format) = TableDump::decode_any(&bytes)?;
+        let state = state_from_dump(&dump)?;
+        // The file always holds today's format, whatever the leader sent.
+        let body = if format == SNAPSHOT_FORMAT { bytes } else { dump.encode_body()? };
+        Ok((state, body))
+    })
+    .await
+    .map_err(|e| io_err("install task", e))??;
     let (done, rx) = oneshot::channel();
-    let audit = match (shared.audit, &meta.last_log_id) {
+    let record = match (shared.audit, &meta.last_log_id) {
         (Some(_), Some(l)) => Some(Box::new(AuditRecord::snapshot_installed(l.index, shared.clock.wall_ms()))),
         _ => None,
     };
-    shared.send(PersistOp::Replace { meta: meta.clone(), dump: Arc::new(dump), audit, done }).await?;
+    shared.send(PersistOp::Installed { record, done }).await?;
     rx.await.map_err(|_| persister_gone())??;
     let (dir, file_meta) = (shared.snapshot_dir.clone(), meta.clone());
     tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file_meta, &body))
@@ -390,11 +441,13 @@ mod tests {
     //! Signing keys survive a restart and travel in snapshots; format-2
     //! and 3 snapshots, and state files from before format 4, still load.
 
+    use std::sync::Arc;
+
     use futures::stream;
     use openraft::alias::EntryOf;
     use openraft::entry::RaftEntry as _;
-    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
-    use redb::{Database, ReadableDatabase};
+    use openraft::storage::RaftStateMachine;
+    use redb::Database;
     use tempfile::TempDir;
 
     use super::*;
@@ -402,7 +455,6 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::raft::TypeConfig;
     use crate::state_machine::{AcquireCmd, Command, LogCommand};
-    use crate::store::tables::dump_tables;
     use crate::store::{NoObserver, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
     use crate::types::{LeaseId, ResourceName};
     use fencer_token::KeyId;
@@ -471,7 +523,7 @@ mod tests {
         drop(sm);
 
         let sm = reopen(dir.path()).await;
-        assert_eq!(sm.read().signing_keys(), &expected, "the state file holds the keys");
+        assert_eq!(sm.read().signing_keys(), &expected, "the snapshot file holds the keys");
         drop(sm);
 
         let other = TempDir::new().unwrap();
@@ -561,51 +613,89 @@ mod tests {
         }
     }
 
-    /// The state file opened with redb alone, once the store's persister
-    /// has let go of it.
-    async fn raw_db(dir: &Path) -> Database {
-        for _ in 0..200 {
-            if let Ok(db) = Database::create(dir.join(STATE_FILE)) {
-                return db;
+    /// Writes a state file the way versions before snapshot-only
+    /// persistence kept the state, from `dump` at `meta`; with
+    /// `text_dedup`, dedup rows keyed by request id text as before format 4.
+    fn write_legacy_state_file(path: &Path, dump: &TableDump, meta: &SnapshotMeta, text_dedup: Option<&str>) {
+        use crate::store::tables::{ENDED, KEY_APPLIED, KEY_MEMBERSHIP, RESOURCES, SIGNING_KEYS, SM_META};
+        let db = Database::create(path).unwrap();
+        let w = db.begin_write().unwrap();
+        {
+            let mut t = w.open_table(RESOURCES).unwrap();
+            for (k, v) in &dump.resources {
+                t.insert(k.as_str(), v.as_slice()).unwrap();
             }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            match text_dedup {
+                Some(id) => {
+                    assert_eq!(dump.dedup.len(), 1);
+                    w.open_table(LEGACY_DEDUP).unwrap().insert(id, dump.dedup[0].1.as_slice()).unwrap();
+                }
+                None => {
+                    let mut t = w.open_table(DEDUP).unwrap();
+                    for (k, v) in &dump.dedup {
+                        t.insert(*k, v.as_slice()).unwrap();
+                    }
+                }
+            }
+            let mut t = w.open_table(ENDED).unwrap();
+            for (k, v) in &dump.ended {
+                t.insert(*k, v.as_slice()).unwrap();
+            }
+            let mut t = w.open_table(SIGNING_KEYS).unwrap();
+            for (k, v) in &dump.signing_keys {
+                t.insert(k.as_str(), v.as_slice()).unwrap();
+            }
+            let mut t = w.open_table(SM_META).unwrap();
+            t.insert(KEY_APPLIED, encode(&meta.last_log_id.unwrap()).unwrap().as_slice()).unwrap();
+            t.insert(KEY_MEMBERSHIP, encode(&meta.last_membership).unwrap().as_slice()).unwrap();
         }
-        panic!("the state file stayed locked");
+        w.commit().unwrap();
+    }
+
+    fn clear_snapshots(dir: &Path) {
+        for f in std::fs::read_dir(dir.join(SNAPSHOT_DIR)).unwrap() {
+            std::fs::remove_file(f.unwrap().path()).unwrap();
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn t32_a_state_file_with_text_keyed_dedup_is_moved_on_open() {
+    async fn t32_a_state_file_of_an_earlier_version_is_moved_into_a_snapshot_on_open() {
         let dir = TempDir::new().unwrap();
         let mut sm = open(dir.path());
         sm.apply(stream::iter([Ok((entry(1, acquire_cmd()), None))])).await.unwrap();
-        sm.sync().await.unwrap();
+        let built = sm.build_snapshot().await.unwrap();
         drop(sm);
-        // Rewrite the file the way versions before format 4 kept dedup rows.
-        {
-            let db = raw_db(dir.path()).await;
-            let w = db.begin_write().unwrap();
-            let rows = {
-                let t = w.open_table(DEDUP).unwrap();
-                t.iter().unwrap().map(|i| i.unwrap().1.value().to_vec()).collect::<Vec<_>>()
-            };
-            assert_eq!(rows.len(), 1);
-            w.open_table(LEGACY_DEDUP).unwrap().insert("request-0001", rows[0].as_slice()).unwrap();
-            assert!(w.delete_table(DEDUP).unwrap());
-            w.commit().unwrap();
-        }
-        let sm = reopen(dir.path()).await;
+        let dump = TableDump::decode_format(built.snapshot.get_ref(), SNAPSHOT_FORMAT).unwrap();
+        let state_file = dir.path().join(STATE_FILE);
+
+        // Text-keyed dedup rows (before format 4), and no snapshot file.
+        clear_snapshots(dir.path());
+        write_legacy_state_file(&state_file, &dump, &built.meta, Some("request-0001"));
+        let mut sm = reopen(dir.path()).await;
         assert_retry_replays(&sm, "after the move");
+        assert_eq!(sm.applied_state().await.unwrap().0, built.meta.last_log_id, "the file's applied id is kept");
+        assert!(!state_file.exists(), "the state file is removed once moved");
+        let current = sm.get_current_snapshot().await.unwrap().expect("a snapshot file holds the moved state");
+        assert_eq!(current.meta.last_log_id, built.meta.last_log_id);
         drop(sm);
         let sm = reopen(dir.path()).await;
-        assert_retry_replays(&sm, "reopened once more");
+        assert_retry_replays(&sm, "reopened once more, from the snapshot file");
         drop(sm);
-        let db = raw_db(dir.path()).await;
-        let r = db.begin_read().unwrap();
-        assert!(r.list_tables().unwrap().all(|t| t.name() != LEGACY_DEDUP.name()), "the old table is dropped");
+
+        // A state file older than the snapshot file is dropped, not loaded.
+        let older = SnapshotMeta {
+            last_log_id: Some(openraft::testing::log_id::<TypeConfig>(1, 1, 0)),
+            last_membership: built.meta.last_membership.clone(),
+        };
+        write_legacy_state_file(&state_file, &TableDump::default(), &older, None);
+        let mut sm = reopen(dir.path()).await;
+        assert_retry_replays(&sm, "the newer snapshot wins");
+        assert_eq!(sm.applied_state().await.unwrap().0, built.meta.last_log_id);
+        assert!(!state_file.exists(), "the stale state file is removed");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn t33_a_snapshot_body_streamed_from_the_tables_is_the_dumped_one() {
+    async fn t33_a_snapshot_body_streamed_from_the_state_is_its_dump_and_decodes_back() {
         let dir = TempDir::new().unwrap();
         let mut sm = open(dir.path());
         let mut cmds = keys_cmds();
@@ -626,16 +716,25 @@ mod tests {
         let entries: Vec<_> = cmds.into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
         sm.apply(stream::iter(entries.into_iter().map(|e| Ok((e, None))))).await.unwrap();
         let built = sm.build_snapshot().await.unwrap();
-        sm.sync().await.unwrap();
-        drop(sm);
 
-        let db = raw_db(dir.path()).await;
-        let r = db.begin_read().unwrap();
-        let dump = dump_tables(&r).unwrap();
+        let state = sm.read().clone();
+        let dump = TableDump {
+            resources: state.resources().iter().map(|(k, v)| (k.as_str().to_string(), encode(v).unwrap())).collect(),
+            dedup: state.dedup_records().iter().map(|(k, v)| (k.to_u128(), v.to_stored().unwrap())).collect(),
+            ended: state.ended_records().iter().map(|(k, v)| (k.to_u128(), encode(v).unwrap())).collect(),
+            signing_keys: state
+                .signing_keys()
+                .iter()
+                .map(|(k, v)| (k.as_str().to_string(), encode(v).unwrap()))
+                .collect(),
+        };
         let rows = (dump.resources.len(), dump.dedup.len(), dump.ended.len(), dump.signing_keys.len());
         assert_eq!(rows, (1, 2, 1, 1), "every table has rows");
-        let streamed = postcard::to_stdvec(&BodyFromTables(&r)).unwrap();
-        assert_eq!(streamed, dump.encode_body().unwrap());
-        assert_eq!(built.snapshot.get_ref(), &streamed, "build_snapshot hands out the streamed body");
+        assert_eq!(built.snapshot.get_ref(), &dump.encode_body().unwrap(), "the streamed body is the dump's");
+        let decoded = TableDump::decode_format(built.snapshot.get_ref(), SNAPSHOT_FORMAT).unwrap();
+        assert_eq!(state_from_dump(&decoded).unwrap(), state, "the body decodes to the same state");
+        drop(sm);
+        let sm = reopen(dir.path()).await;
+        assert_eq!(*sm.read(), state, "a restart loads the snapshot's state");
     }
 }

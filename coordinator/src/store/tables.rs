@@ -1,7 +1,9 @@
-//! The state file's tables (DESIGN §3.4): their definitions, typed reads
-//! and writes of their rows, and loading the lock state from them. Values
-//! are postcard; the key of `resources` and `signing_keys` is the name, of
-//! `dedup` a [`RequestKey`], of `ended` a lease id.
+//! The state tables (DESIGN §3.4): what a snapshot body carries
+//! ([`TableDump`]), decoding a lock state from it, and the redb state file
+//! that versions before snapshot-only persistence wrote (read once, when it
+//! is moved into a snapshot file). Values are postcard; the key of
+//! `resources` and `signing_keys` is the name, of `dedup` a [`RequestKey`],
+//! of `ended` a lease id.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -124,35 +126,20 @@ pub(super) fn write_rows<K: RowKey>(
     Ok(())
 }
 
-/// Empties a state table and fills it with `rows`.
-pub(super) fn replace_rows<K: RowKey>(
-    tx: &redb::WriteTransaction,
-    def: StateTable<K>,
-    rows: &[(K, Vec<u8>)],
-    what: &str,
-) -> io::Result<()> {
-    let mut t = tx.open_table(def).map_err(|e| io_err("open", e))?;
-    t.retain(|_, _| false).map_err(|e| io_err(&format!("clear {what}"), e))?;
-    for (k, v) in rows {
-        t.insert(k.stored(), v.as_slice()).map_err(|e| io_err(&format!("write {what}"), e))?;
-    }
-    Ok(())
-}
-
 /// Decodes a dump into a lock state, validating every name and record.
 pub(super) fn state_from_dump(dump: &TableDump) -> io::Result<LockState> {
-    let mut resources = BTreeMap::new();
+    let mut resources = imbl::OrdMap::new();
     for (k, v) in &dump.resources {
         let name = ResourceName::new(k.as_str()).map_err(|e| io_err("stored resource name", e))?;
         resources.insert(name, decode(v, "resource state")?);
     }
-    let mut dedup = BTreeMap::new();
+    let mut dedup = imbl::OrdMap::new();
     for (k, v) in &dump.dedup {
         let record = DedupRecord::from_stored(v)
             .map_err(|e| io_err("decode dedup record", format!("{e} ({} bytes)", v.len())))?;
         dedup.insert(RequestKey::from_u128(*k), record);
     }
-    let mut ended = BTreeMap::new();
+    let mut ended = imbl::OrdMap::new();
     for (k, v) in &dump.ended {
         ended.insert(LeaseId::from_u128(*k), decode(v, "ended lease")?);
     }
@@ -164,7 +151,27 @@ pub(super) fn state_from_dump(dump: &TableDump) -> io::Result<LockState> {
     Ok(LockState::from_parts(resources, dedup, ended).with_signing_keys(keys))
 }
 
-pub(super) fn load(db: &Database) -> io::Result<(LockState, Option<LogIdT>, Membership)> {
+/// Opens a state file written by an earlier version (moving text-keyed
+/// dedup rows first) and loads its state. Blocking.
+pub(super) fn load_state_file(path: &std::path::Path) -> io::Result<(LockState, Option<LogIdT>, Membership)> {
+    let db = Database::builder()
+        .set_cache_size(8 << 20)
+        .create(path)
+        .map_err(|e| io_err(&format!("open state file {}", path.display()), e))?;
+    {
+        let w = db.begin_write().map_err(|e| io_err("begin", e))?;
+        for def in [RESOURCES, SIGNING_KEYS, SM_META] {
+            w.open_table(def).map_err(|e| io_err("open state table", e))?;
+        }
+        w.open_table(DEDUP).map_err(|e| io_err("open dedup", e))?;
+        super::snapshot::migrate_legacy_dedup(&w)?;
+        w.open_table(ENDED).map_err(|e| io_err("open ended", e))?;
+        w.commit().map_err(|e| io_err("commit", e))?;
+    }
+    load(&db)
+}
+
+fn load(db: &Database) -> io::Result<(LockState, Option<LogIdT>, Membership)> {
     let r = db.begin_read().map_err(|e| io_err("begin read", e))?;
     let state = state_from_dump(&dump_tables(&r)?)?;
     let meta = r.open_table(SM_META).map_err(|e| io_err("open", e))?;

@@ -37,7 +37,7 @@ async fn t10_openraft_storage_suite() {
 }
 
 mod audit_order {
-    //! The state file is never ahead of the audit log, and a failed audit
+    //! A snapshot file is never ahead of the audit log, and a failed audit
     //! write stops applies instead of losing lines (module `audit`).
 
     use std::time::Duration;
@@ -74,7 +74,7 @@ mod audit_order {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn t20_an_audit_failure_stops_applies_and_the_state_file_never_passes_the_audit() {
+    async fn t20_an_audit_failure_stops_applies_and_no_snapshot_passes_the_audit() {
         let dir = TempDir::new().unwrap();
         let (state, snapshots, audit_dir) =
             (dir.path().join(STATE_FILE), dir.path().join(SNAPSHOT_DIR), dir.path().join("audit"));
@@ -84,12 +84,10 @@ mod audit_order {
         let mut sm =
             StateMachineStore::open(&state, &snapshots, Arc::new(NoObserver), metrics, Clock, Some(audit)).unwrap();
         apply(&mut sm, 1..=3).await.unwrap();
-        sm.sync().await.unwrap();
+        sm.build_snapshot().await.unwrap();
         // The next rotation cannot happen: where the oldest file is deleted
         // and the current one moved to, there is a directory.
         std::fs::create_dir_all(audit_dir.join(format!("{AUDIT_FILE}.1")).join("in-the-way")).unwrap();
-        // A second on, the persister's next commit is a durable one.
-        tokio::time::sleep(Duration::from_millis(1_100)).await;
         // One batch larger than the file: the rotation fails in its middle.
         apply(&mut sm, 4..=40).await.unwrap();
         let mut stopped = false;
@@ -102,13 +100,14 @@ mod audit_order {
         }
         assert!(stopped, "applies fail once the audit log cannot be written");
         assert!(sm.failure_message().is_some_and(|m| m.contains("audit")), "{:?}", sm.failure_message());
+        assert!(sm.build_snapshot().await.is_err(), "no snapshot is built past a failed audit log");
         drop(sm);
 
         let mut skipped = 0;
         let audited = read_audit_file(&audit_dir.join(AUDIT_FILE), &mut skipped).unwrap();
         let last_audited = audited.last().map_or(0, |r| r.log_index);
         assert!(last_audited >= 3, "the lines before the failure are kept");
-        // Reopen the state file once the persister thread let it go.
+        // Reopen once the persister thread let the files go.
         let mut reopened = None;
         for _ in 0..200 {
             match StateMachineStore::open(&state, &snapshots, Arc::new(NoObserver), Metrics::new(), Clock, None) {
@@ -119,8 +118,8 @@ mod audit_order {
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
-        let applied = reopened.expect("the state file reopens").applied_index().unwrap_or(0);
-        assert!(applied >= 3, "the synced batch is durable");
-        assert!(applied <= last_audited, "state file at {applied} passed the audit log at {last_audited}");
+        let applied = reopened.expect("the store reopens").applied_index().unwrap_or(0);
+        assert_eq!(applied, 3, "the state is the snapshot's; the log replays the rest");
+        assert!(applied <= last_audited, "snapshot at {applied} passed the audit log at {last_audited}");
     }
 }

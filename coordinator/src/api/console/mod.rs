@@ -321,7 +321,7 @@ async fn locks(
     };
     let mut out: Vec<LockEntry> = Vec::new();
     let mut next = String::new();
-    for (name, r) in state.resources().range::<str, _>((from, Bound::Unbounded)) {
+    for (name, r) in state.resources().range::<_, str>((from, Bound::Unbounded)) {
         if !name.as_str().starts_with(&q.prefix) {
             break;
         }
