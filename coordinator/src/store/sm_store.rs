@@ -330,6 +330,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotView {
     type SnapshotData = Cursor<Vec<u8>>;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        build(&self.shared, std::mem::take(&mut self.state), self.meta.clone()).await
+        // A clone (O(1)), not a take: building twice must write the same state.
+        build(&self.shared, self.state.clone(), self.meta.clone()).await
     }
 }

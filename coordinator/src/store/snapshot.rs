@@ -194,14 +194,10 @@ pub(super) struct BodyFromState<'a>(pub(super) &'a LockState);
 /// The tables of [`BodyFromState`], in [`TableDump`]'s field order.
 struct TablesFrom<'a>(&'a LockState);
 
-/// One table's rows as a postcard sequence of `(key, encoded value)` pairs.
-struct RowsFrom<I>(std::cell::RefCell<Option<I>>, usize);
-
-impl<I> RowsFrom<I> {
-    fn new(len: usize, rows: I) -> Self {
-        Self(std::cell::RefCell::new(Some(rows)), len)
-    }
-}
+/// One table's rows as a postcard sequence of `(key, encoded value)` pairs:
+/// its length and a function that yields the rows (called once per
+/// serialization, so the value can be serialized any number of times).
+struct RowsFrom<F>(usize, F);
 
 impl Serialize for BodyFromState<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -219,31 +215,33 @@ impl Serialize for TablesFrom<'_> {
         let st = self.0;
         let enc = |what: &'static str| move |e: io::Error| format!("encode {what}: {e}");
         let mut tables = s.serialize_struct("TableDump", 4)?;
-        let resources = st.resources().iter().map(|(k, v)| Ok((k.as_str(), encode(v).map_err(enc("resource"))?)));
-        tables.serialize_field("resources", &RowsFrom::new(st.resources().len(), resources))?;
-        let dedup = st
-            .dedup_records()
-            .iter()
-            .map(|(k, v)| Ok((k.to_u128(), v.to_stored().map_err(|e| format!("encode dedup record: {e}"))?)));
-        tables.serialize_field("dedup", &RowsFrom::new(st.dedup_records().len(), dedup))?;
-        let ended = st.ended_records().iter().map(|(k, v)| Ok((k.to_u128(), encode(v).map_err(enc("ended lease"))?)));
-        tables.serialize_field("ended", &RowsFrom::new(st.ended_records().len(), ended))?;
-        let keys = st.signing_keys().iter().map(|(k, v)| Ok((k.as_str(), encode(v).map_err(enc("signing key"))?)));
-        tables.serialize_field("signing_keys", &RowsFrom::new(st.signing_keys().len(), keys))?;
+        let resources = || st.resources().iter().map(|(k, v)| Ok((k.as_str(), encode(v).map_err(enc("resource"))?)));
+        tables.serialize_field("resources", &RowsFrom(st.resources().len(), resources))?;
+        let dedup = || {
+            st.dedup_records()
+                .iter()
+                .map(|(k, v)| Ok((k.to_u128(), v.to_stored().map_err(|e| format!("encode dedup record: {e}"))?)))
+        };
+        tables.serialize_field("dedup", &RowsFrom(st.dedup_records().len(), dedup))?;
+        let ended =
+            || st.ended_records().iter().map(|(k, v)| Ok((k.to_u128(), encode(v).map_err(enc("ended lease"))?)));
+        tables.serialize_field("ended", &RowsFrom(st.ended_records().len(), ended))?;
+        let keys = || st.signing_keys().iter().map(|(k, v)| Ok((k.as_str(), encode(v).map_err(enc("signing key"))?)));
+        tables.serialize_field("signing_keys", &RowsFrom(st.signing_keys().len(), keys))?;
         tables.end()
     }
 }
 
-impl<I, K> Serialize for RowsFrom<I>
+impl<F, I, K> Serialize for RowsFrom<F>
 where
+    F: Fn() -> I,
     I: Iterator<Item = Result<(K, Vec<u8>), String>>,
     K: Serialize,
 {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{Error as _, SerializeSeq as _};
-        let rows = self.0.borrow_mut().take().ok_or_else(|| S::Error::custom("rows serialized twice"))?;
-        let mut seq = s.serialize_seq(Some(self.1))?;
-        for row in rows {
+        let mut seq = s.serialize_seq(Some(self.0))?;
+        for row in (self.1)() {
             let (k, v) = row.map_err(S::Error::custom)?;
             seq.serialize_element(&(k, v.as_slice()))?;
         }
@@ -446,7 +444,7 @@ mod tests {
     use futures::stream;
     use openraft::alias::EntryOf;
     use openraft::entry::RaftEntry as _;
-    use openraft::storage::RaftStateMachine;
+    use openraft::storage::{RaftSnapshotBuilder as _, RaftStateMachine};
     use redb::Database;
     use tempfile::TempDir;
 
@@ -736,5 +734,24 @@ mod tests {
         drop(sm);
         let sm = reopen(dir.path()).await;
         assert_eq!(*sm.read(), state, "a restart loads the snapshot's state");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t33_a_snapshot_view_built_twice_writes_the_same_state_twice() {
+        let dir = TempDir::new().unwrap();
+        let mut sm = open(dir.path());
+        let mut cmds = keys_cmds();
+        cmds.push(acquire_cmd());
+        let entries: Vec<_> = cmds.into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
+        sm.apply(stream::iter(entries.into_iter().map(|e| Ok((e, None))))).await.unwrap();
+        let state = sm.read().clone();
+        let mut view = sm.get_snapshot_builder().await;
+        let first = view.build_snapshot().await.unwrap();
+        let second = view.build_snapshot().await.unwrap();
+        assert_eq!(first.meta, second.meta);
+        assert_eq!(second.snapshot.get_ref(), first.snapshot.get_ref(), "the second build is not of an emptied view");
+        drop((view, sm));
+        let sm = reopen(dir.path()).await;
+        assert_eq!(*sm.read(), state, "the file the second build wrote holds the state");
     }
 }
