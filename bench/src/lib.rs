@@ -178,7 +178,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 50_000)]
     snapshot_every: u64,
 
-    /// --snapshot-every in the snapshot scenario (the coordinator's minimum is 1,000).
+    /// --snapshot-every in the snapshot scenario (the coordinator's minimum is 100).
     #[arg(long, default_value_t = 10_000)]
     snapshot_scenario_every: u64,
 

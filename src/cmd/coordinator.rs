@@ -222,9 +222,9 @@ pub(crate) struct CoordinatorArgs {
     election_timeout: Duration,
 
     /// Build a snapshot (and purge the log behind it) every this many entries
-    /// (at least 1,000).
+    /// (at least 100).
     #[arg(long, env = "FENCER_SNAPSHOT_EVERY", default_value_t = 50_000,
-          value_parser = clap::value_parser!(u64).range(1_000..))]
+          value_parser = clap::value_parser!(u64).range(100..))]
     snapshot_every: u64,
 
     #[command(flatten)]

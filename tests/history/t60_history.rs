@@ -26,6 +26,10 @@ fn assert_meaningful(o: &Outcome, config: &Config) {
     assert!(count("acquire", "granted") >= 20, "too few grants to mean anything:\n{}", o.report);
     assert!(count("write", "written") >= 20, "too few writes applied to mean anything:\n{}", o.report);
     assert!(count("renew", "renewed") >= 10, "too few renewals to mean anything:\n{}", o.report);
+    // Restarts must load a snapshot and re-apply the log after it, not only
+    // re-apply the whole log: that is the path a token reused after a
+    // restart takes (docs/testing.md, "Deliberately broken builds").
+    assert!(o.snapshots.built >= 3, "too few snapshots built to cover restarts from one:\n{}", o.report);
     for f in &config.schedule {
         let needle = match f {
             Fault::KillLeader => "kill -9 leader",
