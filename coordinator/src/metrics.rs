@@ -125,7 +125,8 @@ pub struct Metrics {
     pub fsync_seconds: Histogram,
     /// Operations covered by one group commit.
     pub group_commit_ops: Histogram,
-    /// Time of one state-file commit by the persister (audit lines included).
+    /// Time of one flush of the audit log by the persister (the lock state is
+    /// persisted only in snapshot files; the name is kept for dashboards).
     pub state_persist_seconds: Histogram,
     /// Size of the latest snapshot.
     pub snapshot_bytes: Gauge,
@@ -292,7 +293,7 @@ impl Metrics {
         r.register("raft_log_group_ops", "Operations per raft-log group commit", m.group_commit_ops.clone());
         r.register_with_unit(
             "state_persist_duration",
-            "One state-file commit by the persister thread, audit lines included",
+            "One flush of the audit log by the persister thread (an fdatasync once a second)",
             Unit::Seconds,
             m.state_persist_seconds.clone(),
         );
