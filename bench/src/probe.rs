@@ -18,6 +18,7 @@ pub(crate) const COORDINATOR_HISTOGRAMS: &[&str] = &[
     "fencer_raft_apply_duration_seconds",
     "fencer_raft_apply_batch_entries",
     "fencer_snapshot_build_duration_seconds",
+    "fencer_batch_items",
 ];
 
 /// `(sum, count)` of a Prometheus histogram, added over its label sets.

@@ -675,16 +675,16 @@ impl Report {
         let _ = writeln!(o, "\n## Where the time goes (coordinator histograms, means over the measured phase)\n");
         let _ = writeln!(
             o,
-            "| scenario | node | log fsync ms (count) | appends per group commit | commit ms | apply batch ms | entries per apply batch | snapshots built |"
+            "| scenario | node | log fsync ms (count) | appends per group commit | commit ms | apply batch ms | entries per apply batch | items per Batch call (calls) | snapshots built |"
         );
-        let _ = writeln!(o, "|---|--:|--:|--:|--:|--:|--:|--:|");
+        let _ = writeln!(o, "|---|--:|--:|--:|--:|--:|--:|--:|--:|");
         for r in with_server {
             for s in &r.server {
                 let mean = |k: &str, scale: f64| s.means.get(k).map_or("—".into(), |v| ms(v * scale));
                 let count = |k: &str| s.counts.get(k).map_or("0".into(), |v| format!("{v:.0}"));
                 let _ = writeln!(
                     o,
-                    "| {} | {} | {} ({}) | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} ({}) | {} | {} | {} | {} | {} ({}) | {} |",
                     scenario_label(r),
                     s.node,
                     mean("fencer_raft_log_fsync_duration_seconds", 1000.0),
@@ -693,6 +693,8 @@ impl Report {
                     mean("fencer_raft_commit_duration_seconds", 1000.0),
                     mean("fencer_raft_apply_duration_seconds", 1000.0),
                     mean("fencer_raft_apply_batch_entries", 1.0),
+                    mean("fencer_batch_items", 1.0),
+                    count("fencer_batch_items"),
                     count("fencer_snapshot_build_duration_seconds"),
                 );
             }
