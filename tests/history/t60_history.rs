@@ -29,7 +29,11 @@ fn assert_meaningful(o: &Outcome, config: &Config) {
     // Restarts must load a snapshot and re-apply the log after it, not only
     // re-apply the whole log: that is the path a token reused after a
     // restart takes (docs/testing.md, "Deliberately broken builds").
-    assert!(o.snapshots.built >= 3, "too few snapshots built to cover restarts from one:\n{}", o.report);
+    assert!(
+        o.snapshots.built >= 3,
+        "too few snapshots built to cover restarts from one (\"built snapshot\" lines in the node logs):\n{}",
+        o.report
+    );
     for f in &config.schedule {
         let needle = match f {
             Fault::KillLeader => "kill -9 leader",

@@ -393,6 +393,8 @@ pub(super) async fn build(shared: &Shared, state: LockState, meta: SnapshotMeta)
         bytes = size,
         audit_sync_ms = synced.as_millis() as u64,
         total_ms = started.elapsed().as_millis() as u64,
+        // The history runs count this message in the nodes' logs
+        // (tests/history/workload): reword both together.
         "built snapshot"
     );
     Ok(Snapshot { meta, snapshot: Cursor::new(body) })
@@ -430,6 +432,7 @@ pub(super) async fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>)
     }
     let mut applied = shared.applied.lock().unwrap_or_else(|p| p.into_inner());
     *applied = (meta.last_log_id, meta.last_membership.clone());
+    // Counted in the nodes' logs by the history runs, like "built snapshot".
     tracing::info!(index = ?meta.last_log_id.as_ref().map(|l| l.index), "installed snapshot");
     Ok(())
 }
