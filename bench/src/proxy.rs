@@ -9,8 +9,16 @@
 //!
 //! The upstream answers `204` at once, so the difference is the proxy's own
 //! work: parsing, the fence check, the per-resource guard, forwarding.
+//!
+//! The closed loop also runs a third path, a bare hyper forwarder (hyper's
+//! server and pooled client, no fence), and reports each path's CPU per
+//! request: the generator, the upstream and either proxy share this
+//! process and its cores, so when they are CPU-bound the throughput ratio
+//! is the ratio of these costs, and the proxy's cost splits into what any
+//! forwarder on this HTTP stack pays and what the fence adds.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +26,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fencer_proxy::{ProxyConfig, SimpleConfig};
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Either, Empty, Full};
+use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -27,21 +36,29 @@ use tokio::sync::{Mutex, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::report::{Latency, ProxyRate, ProxyReport, ProxyThroughput, RateResult};
+use super::probe;
+use super::report::{Latency, PathCpu, ProxyRate, ProxyReport, ProxyThroughput, RateResult};
 use super::workload::{micros_between, new_histogram};
 
 /// Requests in flight at once in the open-loop runs.
 const MAX_IN_FLIGHT: usize = 5_000;
 
-/// An upstream that answers every request with `204` (an ideal database).
-struct Upstream {
+/// An HTTP/1.1 server on loopback whose every request `handle` answers.
+struct Server {
     addr: SocketAddr,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Upstream {
-    async fn start() -> anyhow::Result<Self> {
+impl Server {
+    async fn start<F, Fut, B>(handle: F) -> anyhow::Result<Self>
+    where
+        F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Response<B>> + Send + 'static,
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (stop, mut stopped) = watch::channel(false);
@@ -53,13 +70,11 @@ impl Upstream {
                     accepted = listener.accept() => {
                         let Ok((stream, _)) = accepted else { continue };
                         let _ = stream.set_nodelay(true);
+                        let handle = handle.clone();
                         conns.spawn(async move {
-                            let svc = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
-                                // Read the body, like a database would.
-                                let _ = req.into_body().collect().await;
-                                Ok::<_, Infallible>(
-                                    Response::builder().status(StatusCode::NO_CONTENT).body(Empty::<Bytes>::new()).expect("static response"),
-                                )
+                            let svc = hyper::service::service_fn(move |req| {
+                                let answer = handle(req);
+                                async move { Ok::<_, Infallible>(answer.await) }
                             });
                             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
                         });
@@ -72,10 +87,50 @@ impl Upstream {
         Ok(Self { addr, stop, task })
     }
 
+    /// An upstream that answers every request with `204` (an ideal
+    /// database) after reading its body, like a database would.
+    async fn upstream() -> anyhow::Result<Self> {
+        Self::start(|req: Request<Incoming>| async move {
+            let _ = req.into_body().collect().await;
+            Response::builder().status(StatusCode::NO_CONTENT).body(Empty::<Bytes>::new()).expect("static response")
+        })
+        .await
+    }
+
+    /// The least a forwarder on this HTTP stack does: hyper's server, the
+    /// request's target rewritten to `upstream`, hyper-util's pooled client
+    /// (as `fencer proxy` uses), the answer streamed back. No fence, no
+    /// limits, no timeouts.
+    async fn bare_forwarder(upstream: SocketAddr) -> anyhow::Result<Self> {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        let client: Client<HttpConnector, Incoming> =
+            Client::builder(TokioExecutor::new()).pool_max_idle_per_host(4096).build(http);
+        Self::start(move |mut req: Request<Incoming>| {
+            let client = client.clone();
+            async move {
+                let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+                match format!("http://{upstream}{target}").parse() {
+                    Ok(uri) => *req.uri_mut() = uri,
+                    Err(_) => return bad_gateway(),
+                }
+                match client.request(req).await {
+                    Ok(resp) => resp.map(Either::Left),
+                    Err(_) => bad_gateway(),
+                }
+            }
+        })
+        .await
+    }
+
     async fn stop(self) {
         let _ = self.stop.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
     }
+}
+
+fn bad_gateway() -> Response<Either<Incoming, Empty<Bytes>>> {
+    Response::builder().status(StatusCode::BAD_GATEWAY).body(Either::Right(Empty::new())).expect("static response")
 }
 
 #[derive(Clone)]
@@ -144,6 +199,27 @@ async fn open_loop(writer: &Writer, addr: SocketAddr, rate: u64, duration: Durat
     RateResult::from_histogram(&hist, errors.load(Ordering::Relaxed), elapsed)
 }
 
+/// This process's CPU time (user + system), seconds.
+fn process_cpu_seconds() -> f64 {
+    probe::proc_stats("self").map_or(0.0, |s| s.cpu_seconds)
+}
+
+/// [`closed_loop`], and this process's CPU per completed request in µs
+/// (`/proc` counts in 10 ms ticks: ≈ 0.1 µs per request at 100,000
+/// requests).
+async fn closed_loop_cpu(
+    writer: &Writer,
+    addr: SocketAddr,
+    concurrency: usize,
+    duration: Duration,
+) -> (RateResult, f64) {
+    let before = process_cpu_seconds();
+    let result = closed_loop(writer, addr, concurrency, duration).await;
+    let cpu = (process_cpu_seconds() - before).max(0.0);
+    let per_request = if result.ops == 0 { 0.0 } else { cpu * 1e6 / result.ops as f64 };
+    (result, per_request)
+}
+
 /// Closed loop: `concurrency` writers back to back for `duration`.
 async fn closed_loop(writer: &Writer, addr: SocketAddr, concurrency: usize, duration: Duration) -> RateResult {
     let start = Instant::now();
@@ -182,7 +258,8 @@ pub(crate) async fn run(
     duration: Duration,
     concurrency: usize,
 ) -> anyhow::Result<ProxyReport> {
-    let upstream = Upstream::start().await?;
+    let upstream = Server::upstream().await?;
+    let bare = Server::bare_forwarder(upstream.addr).await?;
     std::fs::create_dir_all(base)?;
     let dir = tempfile::Builder::new().prefix("proxy-bench-").tempdir_in(base)?;
     let mut config = ProxyConfig::simple(SimpleConfig {
@@ -212,15 +289,22 @@ pub(crate) async fn run(
             );
             report.rates.push(ProxyRate::new(rate, direct, proxied));
         }
-        let direct = closed_loop(&writer, upstream.addr, concurrency, duration).await;
-        let proxied = closed_loop(&writer, proxy.local_addr(), concurrency, duration).await;
-        eprintln!("[proxy] max throughput: direct {:.0}/s, through the proxy {:.0}/s", direct.per_s, proxied.per_s);
-        report.throughput = Some(ProxyThroughput { concurrency, direct, proxy: proxied });
+        let _ = closed_loop(&writer, bare.addr, concurrency, Duration::from_secs(1)).await;
+        let (direct, direct_cpu) = closed_loop_cpu(&writer, upstream.addr, concurrency, duration).await;
+        let (proxied, proxy_cpu) = closed_loop_cpu(&writer, proxy.local_addr(), concurrency, duration).await;
+        let (bare_run, bare_cpu) = closed_loop_cpu(&writer, bare.addr, concurrency, duration).await;
+        eprintln!(
+            "[proxy] max throughput: direct {:.0}/s, through the proxy {:.0}/s, through a bare hyper forwarder {:.0}/s; CPU per request {direct_cpu:.1} / {proxy_cpu:.1} / {bare_cpu:.1} µs",
+            direct.per_s, proxied.per_s, bare_run.per_s
+        );
+        let cpu_us = PathCpu { direct: direct_cpu, proxy: proxy_cpu, bare: bare_cpu };
+        report.throughput = Some(ProxyThroughput { concurrency, direct, proxy: proxied, bare: bare_run, cpu_us });
         report.seconds_per_run = duration.as_secs_f64();
         anyhow::Ok(report)
     }
     .await;
     proxy.shutdown().await;
+    bare.stop().await;
     upstream.stop().await;
     result
 }

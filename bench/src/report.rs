@@ -329,12 +329,27 @@ pub(crate) struct ProxyRate {
     pub(crate) added_p99_ms: f64,
 }
 
-/// Closed-loop maximum throughput, direct and through the proxy.
+/// Closed-loop maximum throughput, direct, through the proxy and through a
+/// bare hyper forwarder.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ProxyThroughput {
     pub(crate) concurrency: usize,
     pub(crate) direct: RateResult,
     pub(crate) proxy: RateResult,
+    /// The same writes through hyper's server and pooled client with no
+    /// fence: what a forwarder on this HTTP stack costs at least.
+    pub(crate) bare: RateResult,
+    pub(crate) cpu_us: PathCpu,
+}
+
+/// The bench process's CPU per completed request on each closed-loop path,
+/// µs: the generator, the upstream and (on the proxied paths) the proxy all
+/// run in it.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct PathCpu {
+    pub(crate) direct: f64,
+    pub(crate) proxy: f64,
+    pub(crate) bare: f64,
 }
 
 /// The proxy part.
@@ -781,15 +796,38 @@ impl Report {
             );
         }
         if let Some(t) = &p.throughput {
+            let share = |r: &RateResult| 100.0 * r.per_s / t.direct.per_s.max(1e-9);
             let _ = writeln!(
                 o,
-                "\nMaximum throughput, {} concurrent writers (closed loop): direct **{:.0}/s** (p99 {} ms), through the proxy **{:.0}/s** (p99 {} ms) = {:.0} % of direct.",
-                t.concurrency,
-                t.direct.per_s,
-                ms(t.direct.latency.p99_ms),
-                t.proxy.per_s,
-                ms(t.proxy.latency.p99_ms),
-                100.0 * t.proxy.per_s / t.direct.per_s.max(1e-9)
+                "\nMaximum throughput, {} concurrent writers (closed loop), in this order; CPU is this process's (generator, upstream and proxy share it) per completed request:\n",
+                t.concurrency
+            );
+            let _ = writeln!(
+                o,
+                "| path | requests/s | % of direct | p99 (ms) | errors | CPU µs/request | added CPU µs/request |"
+            );
+            let _ = writeln!(o, "|---|--:|--:|--:|--:|--:|--:|");
+            let rows = [
+                ("direct", &t.direct, t.cpu_us.direct),
+                ("through `fencer proxy`", &t.proxy, t.cpu_us.proxy),
+                ("through a bare hyper forwarder (no fence)", &t.bare, t.cpu_us.bare),
+            ];
+            for (path, r, cpu) in rows {
+                let _ = writeln!(
+                    o,
+                    "| {path} | **{:.0}** | {:.0} % | {} | {} | {cpu:.1} | {:+.1} |",
+                    r.per_s,
+                    share(r),
+                    ms(r.latency.p99_ms),
+                    r.errors,
+                    cpu - t.cpu_us.direct
+                );
+            }
+            let _ = writeln!(
+                o,
+                "\nThe fence's own CPU (proxy − bare forwarder): **{:+.1} µs/request** of the proxy's {:+.1}.",
+                t.cpu_us.proxy - t.cpu_us.bare,
+                t.cpu_us.proxy - t.cpu_us.direct
             );
         }
     }
