@@ -327,6 +327,9 @@ pub(crate) struct ProxyRate {
     pub(crate) proxy: RateResult,
     pub(crate) added_p50_ms: f64,
     pub(crate) added_p99_ms: f64,
+    /// p99 of the unmeasured warm-up at the same rate, direct and through
+    /// the proxy: the step to the rate's connections happens there.
+    pub(crate) warm_up_p99_ms: [f64; 2],
 }
 
 /// Closed-loop maximum throughput, direct, through the proxy and through a
@@ -770,18 +773,18 @@ impl Report {
         let _ = writeln!(o, "\n## Proxy overhead\n");
         let _ = writeln!(
             o,
-            "Fenced writes to an upstream that answers 204 at once, directly and through an in-process `fencer proxy`; open loop, {:.0} s per run.\n",
+            "Fenced writes to an upstream that answers 204 at once, directly and through an in-process `fencer proxy`; open loop, {:.0} s per run after an unmeasured warm-up of 2 s at the same rate on each path.\n",
             p.seconds_per_run
         );
         let _ = writeln!(
             o,
-            "| rate/s | direct p50 | p99 | max (ms) | proxy p50 | p99 | max (ms) | added p50 | added p99 | errors direct / proxy |"
+            "| rate/s | direct p50 | p99 | max (ms) | proxy p50 | p99 | max (ms) | added p50 | added p99 | errors direct / proxy | warm-up p99 direct / proxy (ms) |"
         );
-        let _ = writeln!(o, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+        let _ = writeln!(o, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
         for r in &p.rates {
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {} | {} | {} | {} | {:+.3} | {:+.3} | {} / {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {:+.3} | {:+.3} | {} / {} | {} / {} |",
                 r.rate,
                 ms(r.direct.latency.p50_ms),
                 ms(r.direct.latency.p99_ms),
@@ -792,7 +795,9 @@ impl Report {
                 r.added_p50_ms,
                 r.added_p99_ms,
                 r.direct.errors,
-                r.proxy.errors
+                r.proxy.errors,
+                ms(r.warm_up_p99_ms[0]),
+                ms(r.warm_up_p99_ms[1])
             );
         }
         if let Some(t) = &p.throughput {
