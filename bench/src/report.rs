@@ -1004,6 +1004,35 @@ mod tests {
         assert_eq!(json["runs"][0]["ops"]["acquire"]["latency"]["p99_ms"], 4.0);
     }
 
+    #[test]
+    fn the_proxy_section_splits_the_proxys_cpu_into_forwarding_and_fence() {
+        let result = |per_s: f64| RateResult { ops: 1, errors: 0, seconds: 1.0, per_s, latency: Latency::default() };
+        let mut report = sample_report();
+        report.proxy = Some(ProxyReport {
+            seconds_per_run: 10.0,
+            rates: vec![ProxyRate {
+                rate: 5000,
+                direct: result(5000.0),
+                proxy: result(5000.0),
+                added_p50_ms: 0.1,
+                added_p99_ms: 0.5,
+                warm_up_p99_ms: [2.5, 180.0],
+            }],
+            throughput: Some(ProxyThroughput {
+                concurrency: 64,
+                direct: result(60_000.0),
+                proxy: result(24_000.0),
+                bare: result(30_000.0),
+                cpu_us: PathCpu { direct: 30.0, proxy: 80.0, bare: 65.0 },
+            }),
+        });
+        let md = report.markdown();
+        assert!(md.contains("| +0.100 | +0.500 | 0 / 0 | 2.50 / 180 |"), "{md}");
+        assert!(md.contains("| through `fencer proxy` | **24000** | 40 % | 0.00 | 0 | 80.0 | +50.0 |"), "{md}");
+        assert!(md.contains("| through a bare hyper forwarder (no fence) | **30000** | 50 % |"), "{md}");
+        assert!(md.contains("(proxy − bare forwarder): **+15.0 µs/request** of the proxy's +50.0"), "{md}");
+    }
+
     fn sample_report() -> Report {
         let workload = WorkloadConfig {
             resources: 100_000,
