@@ -285,7 +285,7 @@ pub(crate) async fn run(
             // step to a higher rate opens connections on both hops, and
             // through the proxy that burst can feed itself for a fraction
             // of a second (each waiting request opens another connection;
-            // 2026-12-03: p99 60–270 ms in 7 of 13 runs stepping from
+            // 2026-12-03: p99 60–270 ms in 9 of 17 runs stepping from
             // 1,000/s to 5,000/s). The measured window is the steady state
             // after it.
             let direct_warm_up = open_loop(&writer, upstream.addr, rate, WARM_UP).await;
