@@ -37,7 +37,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::probe;
-use super::report::{Latency, PathCpu, ProxyRate, ProxyReport, ProxyThroughput, RateResult};
+use super::report::{ClosedRun, Latency, ProxyRate, ProxyReport, ProxyThroughput, RateResult};
 use super::workload::{micros_between, new_histogram};
 
 /// Requests in flight at once in the open-loop runs.
@@ -210,17 +210,12 @@ fn process_cpu_seconds() -> f64 {
 /// [`closed_loop`], and this process's CPU per completed request in µs
 /// (`/proc` counts in 10 ms ticks: ≈ 0.1 µs per request at 100,000
 /// requests).
-async fn closed_loop_cpu(
-    writer: &Writer,
-    addr: SocketAddr,
-    concurrency: usize,
-    duration: Duration,
-) -> (RateResult, f64) {
+async fn closed_loop_cpu(writer: &Writer, addr: SocketAddr, concurrency: usize, duration: Duration) -> ClosedRun {
     let before = process_cpu_seconds();
     let result = closed_loop(writer, addr, concurrency, duration).await;
     let cpu = (process_cpu_seconds() - before).max(0.0);
-    let per_request = if result.ops == 0 { 0.0 } else { cpu * 1e6 / result.ops as f64 };
-    (result, per_request)
+    let cpu_us_per_request = if result.ops == 0 { 0.0 } else { cpu * 1e6 / result.ops as f64 };
+    ClosedRun { result, cpu_us_per_request }
 }
 
 /// Closed loop: `concurrency` writers back to back for `duration`.
@@ -296,9 +291,8 @@ pub(crate) async fn run(
                 "[proxy] {rate}/s: p99 direct {:.3} ms, through the proxy {:.3} ms (warm-ups {:.3} / {:.3} ms)",
                 direct.latency.p99_ms, proxied.latency.p99_ms, direct_warm_up.latency.p99_ms, proxy_warm_up.latency.p99_ms
             );
-            let mut result = ProxyRate::new(rate, direct, proxied);
-            result.warm_up_p99_ms = [direct_warm_up.latency.p99_ms, proxy_warm_up.latency.p99_ms];
-            report.rates.push(result);
+            let warm_up_p99_ms = [direct_warm_up.latency.p99_ms, proxy_warm_up.latency.p99_ms];
+            report.rates.push(ProxyRate::new(rate, direct, proxied, warm_up_p99_ms));
         }
         // A fresh generator for the closed loops, each path warmed by one
         // second of them: the open loops can leave a thousand idle
@@ -310,15 +304,19 @@ pub(crate) async fn run(
         for addr in [upstream.addr, proxy.local_addr(), bare.addr] {
             let _ = closed_loop(&writer, addr, concurrency, Duration::from_secs(1)).await;
         }
-        let (direct, direct_cpu) = closed_loop_cpu(&writer, upstream.addr, concurrency, duration).await;
-        let (proxied, proxy_cpu) = closed_loop_cpu(&writer, proxy.local_addr(), concurrency, duration).await;
-        let (bare_run, bare_cpu) = closed_loop_cpu(&writer, bare.addr, concurrency, duration).await;
+        let direct = closed_loop_cpu(&writer, upstream.addr, concurrency, duration).await;
+        let proxied = closed_loop_cpu(&writer, proxy.local_addr(), concurrency, duration).await;
+        let bare_run = closed_loop_cpu(&writer, bare.addr, concurrency, duration).await;
         eprintln!(
-            "[proxy] max throughput: direct {:.0}/s, through the proxy {:.0}/s, through a bare hyper forwarder {:.0}/s; CPU per request {direct_cpu:.1} / {proxy_cpu:.1} / {bare_cpu:.1} µs",
-            direct.per_s, proxied.per_s, bare_run.per_s
+            "[proxy] max throughput: direct {:.0}/s, through the proxy {:.0}/s, through a bare hyper forwarder {:.0}/s; CPU per request {:.1} / {:.1} / {:.1} µs",
+            direct.result.per_s,
+            proxied.result.per_s,
+            bare_run.result.per_s,
+            direct.cpu_us_per_request,
+            proxied.cpu_us_per_request,
+            bare_run.cpu_us_per_request
         );
-        let cpu_us = PathCpu { direct: direct_cpu, proxy: proxy_cpu, bare: bare_cpu };
-        report.throughput = Some(ProxyThroughput { concurrency, direct, proxy: proxied, bare: bare_run, cpu_us });
+        report.throughput = Some(ProxyThroughput { concurrency, direct, proxy: proxied, bare: bare_run });
         report.seconds_per_run = duration.as_secs_f64();
         anyhow::Ok(report)
     }
@@ -330,7 +328,7 @@ pub(crate) async fn run(
 }
 
 impl ProxyRate {
-    fn new(rate: u64, direct: RateResult, proxy: RateResult) -> Self {
+    fn new(rate: u64, direct: RateResult, proxy: RateResult, warm_up_p99_ms: [f64; 2]) -> Self {
         let added = |f: fn(&Latency) -> f64| f(&proxy.latency) - f(&direct.latency);
         Self {
             rate,
@@ -338,7 +336,7 @@ impl ProxyRate {
             added_p99_ms: added(|l| l.p99_ms),
             direct,
             proxy,
-            warm_up_p99_ms: [0.0; 2],
+            warm_up_p99_ms,
         }
     }
 }

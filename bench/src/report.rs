@@ -337,22 +337,21 @@ pub(crate) struct ProxyRate {
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ProxyThroughput {
     pub(crate) concurrency: usize,
-    pub(crate) direct: RateResult,
-    pub(crate) proxy: RateResult,
+    pub(crate) direct: ClosedRun,
+    pub(crate) proxy: ClosedRun,
     /// The same writes through hyper's server and pooled client with no
     /// fence: what a forwarder on this HTTP stack costs at least.
-    pub(crate) bare: RateResult,
-    pub(crate) cpu_us: PathCpu,
+    pub(crate) bare: ClosedRun,
 }
 
-/// The bench process's CPU per completed request on each closed-loop path,
-/// µs: the generator, the upstream and (on the proxied paths) the proxy all
-/// run in it.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub(crate) struct PathCpu {
-    pub(crate) direct: f64,
-    pub(crate) proxy: f64,
-    pub(crate) bare: f64,
+/// One closed-loop path, and the bench process's CPU per completed request
+/// on it, µs: the generator, the upstream and (on the proxied paths) the
+/// proxy all run in that process.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ClosedRun {
+    #[serde(flatten)]
+    pub(crate) result: RateResult,
+    pub(crate) cpu_us_per_request: f64,
 }
 
 /// The proxy part.
@@ -801,7 +800,7 @@ impl Report {
             );
         }
         if let Some(t) = &p.throughput {
-            let share = |r: &RateResult| 100.0 * r.per_s / t.direct.per_s.max(1e-9);
+            let cpu = |r: &ClosedRun| r.cpu_us_per_request;
             let _ = writeln!(
                 o,
                 "\nMaximum throughput, {} concurrent writers (closed loop), in this order; CPU is this process's (generator, upstream and proxy share it) per completed request:\n",
@@ -813,26 +812,28 @@ impl Report {
             );
             let _ = writeln!(o, "|---|--:|--:|--:|--:|--:|--:|");
             let rows = [
-                ("direct", &t.direct, t.cpu_us.direct),
-                ("through `fencer proxy`", &t.proxy, t.cpu_us.proxy),
-                ("through a bare hyper forwarder (no fence)", &t.bare, t.cpu_us.bare),
+                ("direct", &t.direct),
+                ("through `fencer proxy`", &t.proxy),
+                ("through a bare hyper forwarder (no fence)", &t.bare),
             ];
-            for (path, r, cpu) in rows {
+            for (path, run) in rows {
+                let r = &run.result;
                 let _ = writeln!(
                     o,
-                    "| {path} | **{:.0}** | {:.0} % | {} | {} | {cpu:.1} | {:+.1} |",
+                    "| {path} | **{:.0}** | {:.0} % | {} | {} | {:.1} | {:+.1} |",
                     r.per_s,
-                    share(r),
+                    100.0 * r.per_s / t.direct.result.per_s.max(1e-9),
                     ms(r.latency.p99_ms),
                     r.errors,
-                    cpu - t.cpu_us.direct
+                    cpu(run),
+                    cpu(run) - cpu(&t.direct)
                 );
             }
             let _ = writeln!(
                 o,
                 "\nThe fence's own CPU (proxy − bare forwarder): **{:+.1} µs/request** of the proxy's {:+.1}.",
-                t.cpu_us.proxy - t.cpu_us.bare,
-                t.cpu_us.proxy - t.cpu_us.direct
+                cpu(&t.proxy) - cpu(&t.bare),
+                cpu(&t.proxy) - cpu(&t.direct)
             );
         }
     }
@@ -1020,10 +1021,9 @@ mod tests {
             }],
             throughput: Some(ProxyThroughput {
                 concurrency: 64,
-                direct: result(60_000.0),
-                proxy: result(24_000.0),
-                bare: result(30_000.0),
-                cpu_us: PathCpu { direct: 30.0, proxy: 80.0, bare: 65.0 },
+                direct: ClosedRun { result: result(60_000.0), cpu_us_per_request: 30.0 },
+                proxy: ClosedRun { result: result(24_000.0), cpu_us_per_request: 80.0 },
+                bare: ClosedRun { result: result(30_000.0), cpu_us_per_request: 65.0 },
             }),
         });
         let md = report.markdown();
@@ -1031,6 +1031,9 @@ mod tests {
         assert!(md.contains("| through `fencer proxy` | **24000** | 40 % | 0.00 | 0 | 80.0 | +50.0 |"), "{md}");
         assert!(md.contains("| through a bare hyper forwarder (no fence) | **30000** | 50 % |"), "{md}");
         assert!(md.contains("(proxy − bare forwarder): **+15.0 µs/request** of the proxy's +50.0"), "{md}");
+        let json = serde_json::to_value(&report).unwrap();
+        let proxied = &json["proxy"]["throughput"]["proxy"];
+        assert_eq!((proxied["per_s"].as_f64(), proxied["cpu_us_per_request"].as_f64()), (Some(24_000.0), Some(80.0)));
     }
 
     fn sample_report() -> Report {
