@@ -2,11 +2,11 @@
 //! exclusive leases with monotonically increasing fencing tokens
 //! (DESIGN.md §1–§3).
 //!
-//! A [`Node`] runs one member of a cluster: openraft for consensus, redb for
-//! the log and the state, and one TCP port serving the gRPC API
-//! (`fencer.v1.Lock`, `fencer.v1.Admin`), the internal raft transport, JSON
-//! over HTTP, `/metrics`, `/livez`, `/readyz` and the operator endpoints
-//! (optionally also on a separate status port). Every node writes an audit
+//! A [`Node`] runs one member of a cluster: openraft for consensus, an
+//! append-only write-ahead log and snapshot files for storage, and one TCP
+//! port serving the gRPC API (`fencer.v1.Lock`, `fencer.v1.Admin`), the
+//! internal raft transport, JSON over HTTP, `/metrics`, `/livez`, `/readyz`
+//! and the operator endpoints (optionally also on a separate status port). Every node writes an audit
 //! log of the changes it applies (`docs/operations.md`).
 //!
 //! # Layout
@@ -25,9 +25,10 @@
 //!     the token.
 //!   - **request-id dedup** (I7): [`DedupRecord`]s keyed by [`RequestKey`];
 //!     a retried acquire is answered from them, `PruneDedup` forgets them.
-//! - `store` — openraft's log and state-machine storage on redb (group
-//!   commit): `log_store`, `sm_store` (the `RaftStateMachine`), `persister`
-//!   (the thread that writes the state file), `tables`.
+//! - `store` — openraft's log and state-machine storage (group commit):
+//!   `log_store` on `wal` (the write-ahead log's segment files), `sm_store`
+//!   (the `RaftStateMachine`), `persister` (the thread that writes the
+//!   audit log), `tables` (the redb state file of earlier versions).
 //!   - **snapshots**: `store::snapshot` — formats and their migration,
 //!     building, installing, the snapshot files.
 //! - `network` — the raft transport over gRPC, with a fault-injection hook.
@@ -132,7 +133,8 @@ pub use self::state_machine::{
     Rejection, RequestKey, ResourceHash, ResourceState, Reuse, SigningKeyRecord, Waiter, current_signing_key,
 };
 pub use self::store::{
-    ApplyObserver, LOG_FILE, LogReader, LogStore, NoObserver, SNAPSHOT_DIR, STATE_FILE, StateMachineStore,
+    ApplyObserver, LEGACY_LOG_FILE, LOG_DIR, LogReader, LogStore, NoObserver, SNAPSHOT_DIR, STATE_FILE,
+    StateMachineStore, WalOptions,
 };
 pub use self::tenants::{Authenticator, Caller, Permission, Tenant, Tenants, TenantsError, bearer_token_sha256};
 pub use self::tls::{

@@ -121,7 +121,7 @@ pub struct Metrics {
     pub apply_batch_entries: Histogram,
     /// Items per Batch call received (the client library's batching).
     pub batch_items: Histogram,
-    /// Time of one durable raft-log group commit (redb write + fsync).
+    /// Time of one durable raft-log group commit (write + fdatasync).
     pub fsync_seconds: Histogram,
     /// Operations covered by one group commit.
     pub group_commit_ops: Histogram,

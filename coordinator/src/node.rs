@@ -34,7 +34,7 @@ use crate::server::ConnectionLimits;
 use crate::service::{LockService, QuorumAck, ServiceInner, register_keys};
 use crate::signing::NodeKeys;
 use crate::state_machine::{AcquireCmd, Applied, Event, Grant, LockState, LogCommand};
-use crate::store::{ApplyObserver, LOG_FILE, LogStore, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
+use crate::store::{ApplyObserver, LOG_DIR, LogStore, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
 use crate::tenants::{Authenticator, Tenants};
 use crate::tls::{NodeTls, ServerTls, peer_client_tls};
 use crate::types::NodeId;
@@ -339,7 +339,7 @@ impl Node {
         // A pristine node creates its files before it knows its cluster; a
         // log with entries or votes but no identity is another matter.
         if identity.is_none() {
-            let log_file = dir.join(LOG_FILE);
+            let log_file = dir.join(LOG_DIR);
             if blocking(move || LogStore::holds_raft_data(&log_file)).await.map_err(StartError::Storage)? {
                 return Err(StartError::MissingIdentity(dir));
             }
@@ -425,7 +425,7 @@ impl Node {
         let (log, sm) = {
             let (dir, metrics) = (dir.clone(), metrics.clone());
             blocking(move || -> std::io::Result<(LogStore, StateMachineStore)> {
-                let log = LogStore::open(&dir.join(LOG_FILE), metrics.clone())?;
+                let log = LogStore::open(&dir.join(LOG_DIR), metrics.clone())?;
                 let sm = StateMachineStore::open(
                     &dir.join(STATE_FILE),
                     &dir.join(SNAPSHOT_DIR),

@@ -1,19 +1,24 @@
-//! The raft log and vote in one redb file, with group commit (DESIGN §3.4).
+//! The raft log and vote ([`RaftLogStorage`]) on the write-ahead log of
+//! module `wal`, with group commit (DESIGN §3.4).
 //!
 //! `append` makes entries readable at once (in the shared cache) and hands
 //! them to a dedicated flusher thread. The flusher drains everything queued,
-//! writes it in one redb transaction with `Durability::Immediate`, and only
-//! then acknowledges every entry it covered. Votes travel the same queue and
-//! `save_vote` returns only after the transaction holding the vote is durable.
+//! writes it with one `pwrite` and one `fdatasync`, and only then
+//! acknowledges every entry it covered. Votes travel the same queue and
+//! `save_vote` returns only after the group holding the vote is durable.
 //! Truncation and purge are queued too, so disk order equals call order.
-//! No redb call runs on an async worker thread: writes run on the flusher,
+//! No file is written on an async worker thread: writes run on the flusher,
 //! cold reads on `spawn_blocking`.
+//!
+//! Data dirs from before the write-ahead log kept the log in a redb file
+//! (`raft-log.redb`): it is copied into the new log the first time the
+//! store opens, then removed.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
@@ -21,10 +26,11 @@ use std::thread;
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{LogId, OptionalSend};
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, TableDefinition};
 use tokio::sync::oneshot;
 
 use super::codec::{decode, encode, io_err};
+use super::wal::{Meta, WalIndex, WalOp, WalOptions, WalWriter};
 use crate::metrics::Metrics;
 use crate::raft::TypeConfig;
 
@@ -32,24 +38,22 @@ type Entry = <TypeConfig as openraft::RaftTypeConfig>::Entry;
 type Vote = <TypeConfig as openraft::RaftTypeConfig>::Vote;
 type LogIdT = LogId<openraft::alias::CommittedLeaderIdOf<TypeConfig>>;
 
-const LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("log");
-const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
-
+/// The raft log file of versions before the write-ahead log, in the data dir.
+pub const LEGACY_LOG_FILE: &str = "raft-log.redb";
+const LEGACY_LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("log");
+const LEGACY_META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
 const KEY_VOTE: &str = "vote";
 const KEY_COMMITTED: &str = "committed";
 const KEY_PURGED: &str = "last_purged";
 
 /// Flushed entries kept in memory for replication reads, beyond unflushed ones.
 const CACHE_FLUSHED_ENTRIES: usize = 8_192;
-/// redb's page cache for the log file (its default is 1 GiB). Replication
-/// reads recent entries from the in-memory cache above, so this stays small.
-pub(crate) const LOG_CACHE_BYTES: usize = 8 << 20;
 /// Most operations one group commit covers.
 const MAX_GROUP: usize = 4_096;
 /// The least time from the start of one durable group commit to the start
 /// of the next. On a disk whose fsync takes 0.2 ms a busy node otherwise
 /// commits after almost every append (~5,000 commits a second at the seed
-/// workload, ~1.7 entries each), and each redb commit costs CPU beyond the
+/// workload, ~1.7 entries each), and each commit costs CPU beyond the
 /// fsync itself. Waiting out the rest of this gap gathers the appends that
 /// arrive meanwhile into one commit. On a slower disk a commit takes longer
 /// than the gap and nothing waits; an idle node's first write never waits.
@@ -57,10 +61,11 @@ const MIN_COMMIT_GAP: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// State shared by the store handle, its readers and the flusher thread.
 struct Shared {
-    db: Arc<Database>,
+    /// The entries on disk, for reads past the cache.
+    disk: Arc<WalIndex>,
     mem: Mutex<Mem>,
     metrics: Arc<Metrics>,
-    /// Dropped (after `db`) when the last handle goes: the file is closed.
+    /// Dropped (after `disk`) when the last handle goes: the files are closed.
     _closed: tokio::sync::watch::Sender<()>,
 }
 
@@ -77,12 +82,44 @@ struct Mem {
 }
 
 enum Op {
-    Append { entries: Vec<(u64, Vec<u8>)>, last: u64, callback: IOFlushed<TypeConfig> },
-    Vote { bytes: Vec<u8>, done: oneshot::Sender<io::Result<()>> },
-    Committed { bytes: Vec<u8> },
-    TruncateAfter { from: u64, done: oneshot::Sender<io::Result<()>> },
-    Purge { upto: u64, bytes: Vec<u8> },
-    Sync { done: oneshot::Sender<io::Result<()>> },
+    /// Entries at consecutive indexes from `first`, encoded.
+    Append {
+        first: u64,
+        entries: Vec<Vec<u8>>,
+        callback: IOFlushed<TypeConfig>,
+    },
+    Vote {
+        bytes: Vec<u8>,
+        done: oneshot::Sender<io::Result<()>>,
+    },
+    Committed {
+        bytes: Vec<u8>,
+    },
+    TruncateAfter {
+        from: u64,
+        done: oneshot::Sender<io::Result<()>>,
+    },
+    Purge {
+        upto: u64,
+        bytes: Vec<u8>,
+    },
+    Sync {
+        done: oneshot::Sender<io::Result<()>>,
+    },
+}
+
+impl Op {
+    /// What the write-ahead log writes for this op.
+    fn wal_op(&self) -> Option<WalOp<'_>> {
+        Some(match self {
+            Op::Append { first, entries, .. } => WalOp::Entries { first: *first, entries },
+            Op::Vote { bytes, .. } => WalOp::Vote(bytes),
+            Op::Committed { bytes } => WalOp::Committed(bytes),
+            Op::TruncateAfter { from, .. } => WalOp::TruncateFrom(*from),
+            Op::Purge { upto, bytes } => WalOp::Purge { index: *upto, bytes },
+            Op::Sync { .. } => return None,
+        })
+    }
 }
 
 impl Op {
@@ -113,19 +150,31 @@ fn lock(m: &Mutex<Mem>) -> MutexGuard<'_, Mem> {
 }
 
 impl LogStore {
-    /// Opens (or creates) the log file at `path` and starts its flusher thread.
-    /// Blocking: call it from `spawn_blocking` or before the runtime is busy.
-    pub fn open(path: &Path, metrics: Arc<Metrics>) -> io::Result<Self> {
-        let db = Database::builder()
-            .set_cache_size(LOG_CACHE_BYTES)
-            .create(path)
-            .map_err(|e| io_err(&format!("open raft log {}", path.display()), e))?;
-        let db = Arc::new(db);
-        let (vote, committed, last_purged, last_log_id) = read_saved(&db)?;
+    /// Opens (or creates) the log in the directory `dir` and starts its
+    /// flusher thread. A redb log of an earlier version next to it
+    /// ([`LEGACY_LOG_FILE`]) is moved into it first. Blocking: call it from
+    /// `spawn_blocking` or before the runtime is busy.
+    pub fn open(dir: &Path, metrics: Arc<Metrics>) -> io::Result<Self> {
+        Self::open_with(dir, metrics, WalOptions::default())
+    }
+
+    /// [`Self::open`] with the given segment sizes (tests use small ones).
+    pub fn open_with(dir: &Path, metrics: Arc<Metrics>, options: WalOptions) -> io::Result<Self> {
+        migrate_legacy(dir, options)?;
+        let (writer, disk, recovered) = WalWriter::open(dir, options)?;
+        let Meta { vote, committed, purged } = &recovered.meta;
+        let vote: Option<Vote> = vote.as_deref().map(|b| decode(b, "vote")).transpose()?;
+        let committed: Option<LogIdT> = committed.as_deref().map(|b| decode(b, "committed")).transpose()?;
+        let last_purged: Option<LogIdT> = purged.as_ref().map(|(_, b)| decode(b, "last purged")).transpose()?;
+        let last_entry = match &recovered.last_entry {
+            Some(b) => Some(decode::<Entry>(b, "log entry")?.log_id()),
+            None => None,
+        };
+        let last_log_id = last_entry.or(last_purged);
         let flushed_upto = last_log_id.as_ref().map(|l| l.index);
         let (closed, closed_rx) = tokio::sync::watch::channel(());
         let shared = Arc::new(Shared {
-            db,
+            disk,
             mem: Mutex::new(Mem { cache: BTreeMap::new(), flushed_upto, last_log_id, last_purged, vote, committed }),
             metrics,
             _closed: closed,
@@ -134,23 +183,28 @@ impl LogStore {
         let flusher = shared.clone();
         thread::Builder::new()
             .name("fencer-log-flush".into())
-            .spawn(move || flusher_loop(flusher, rx))
+            .spawn(move || flusher_loop(flusher, writer, rx))
             .map_err(|e| io_err("spawn log flusher", e))?;
         Ok(Self { shared, tx, closed: closed_rx })
     }
 
-    /// Whether the log file at `path` holds raft data: an entry, a purged
-    /// id or a vote beyond term 0 (a pristine node's log holds none until it
-    /// joins a cluster). Opens and closes the file without starting a
-    /// flusher, so the file is free again on return. Blocking.
-    pub fn holds_raft_data(path: &Path) -> io::Result<bool> {
+    /// Whether the log in the directory `dir` (or the redb log of an
+    /// earlier version next to it) holds raft data: an entry, a purged id
+    /// or a vote beyond term 0 (a pristine node's log holds none until it
+    /// joins a cluster). Reads without writing, so the files are free again
+    /// on return. Blocking.
+    pub fn holds_raft_data(dir: &Path) -> io::Result<bool> {
         use openraft::vote::RaftLeaderId;
-        if !path.exists() {
+        let term_above_0 = |b: &[u8]| decode::<Vote>(b, "vote").is_ok_and(|v| v.leader_id.term() > 0);
+        if super::wal::holds_data(dir, term_above_0)? {
+            return Ok(true);
+        }
+        let legacy = legacy_path(dir);
+        if !legacy.exists() {
             return Ok(false);
         }
-        let db = Database::create(path).map_err(|e| io_err(&format!("open raft log {}", path.display()), e))?;
-        let (vote, _, last_purged, last_log_id) = read_saved(&db)?;
-        Ok(last_log_id.is_some() || last_purged.is_some() || vote.is_some_and(|v| v.leader_id.term() > 0))
+        let saved = read_legacy(&legacy)?;
+        Ok(!saved.entries.is_empty() || saved.purged.is_some() || saved.vote.as_deref().is_some_and(term_above_0))
     }
 
     /// The committed log id saved by raft, read at open (for status and recovery).
@@ -176,31 +230,124 @@ impl LogStore {
     }
 }
 
-/// What a log file holds: vote, committed id, last purged id, last log id.
-type Saved = (Option<Vote>, Option<LogIdT>, Option<LogIdT>, Option<LogIdT>);
-
-fn read_saved(db: &Database) -> io::Result<Saved> {
-    let w = db.begin_write().map_err(|e| io_err("begin", e))?;
-    w.open_table(LOG).map_err(|e| io_err("open log table", e))?;
-    w.open_table(META).map_err(|e| io_err("open meta table", e))?;
-    w.commit().map_err(|e| io_err("commit", e))?;
-    let r = db.begin_read().map_err(|e| io_err("begin read", e))?;
-    let meta = r.open_table(META).map_err(|e| io_err("open meta table", e))?;
-    let get = |k: &str| -> io::Result<Option<Vec<u8>>> {
-        Ok(meta.get(k).map_err(|e| io_err("read meta", e))?.map(|v| v.value().to_vec()))
-    };
-    let vote: Option<Vote> = get(KEY_VOTE)?.map(|b| decode(&b, "vote")).transpose()?;
-    let committed: Option<LogIdT> = get(KEY_COMMITTED)?.map(|b| decode(&b, "committed")).transpose()?;
-    let last_purged: Option<LogIdT> = get(KEY_PURGED)?.map(|b| decode(&b, "last purged")).transpose()?;
-    let log = r.open_table(LOG).map_err(|e| io_err("open log table", e))?;
-    let last = match log.last().map_err(|e| io_err("read log", e))? {
-        Some((_, v)) => Some(decode::<Entry>(v.value(), "log entry")?.log_id()),
-        None => None,
-    };
-    Ok((vote, committed, last_purged, last.or(last_purged)))
+/// The redb log of an earlier version that belongs next to the log dir `dir`.
+fn legacy_path(dir: &Path) -> PathBuf {
+    dir.with_file_name(LEGACY_LOG_FILE)
 }
 
-fn flusher_loop(shared: Arc<Shared>, rx: std_mpsc::Receiver<Op>) {
+/// What a redb log of an earlier version holds, encoded as it was.
+struct LegacyLog {
+    vote: Option<Vec<u8>>,
+    committed: Option<Vec<u8>>,
+    purged: Option<(u64, Vec<u8>)>,
+    /// Entries past the purge marker, by index.
+    entries: Vec<(u64, Vec<u8>)>,
+}
+
+/// Reads a redb log of an earlier version without writing to it. Blocking.
+fn read_legacy(path: &Path) -> io::Result<LegacyLog> {
+    let db = Database::builder()
+        .set_cache_size(8 << 20)
+        .create(path)
+        .map_err(|e| io_err(&format!("open the earlier raft log {}", path.display()), e))?;
+    let r = db.begin_read().map_err(|e| io_err("begin read", e))?;
+    let (vote, committed, purged_bytes) = match r.open_table(LEGACY_META) {
+        Ok(meta) => {
+            let get = |k: &str| -> io::Result<Option<Vec<u8>>> {
+                Ok(meta.get(k).map_err(|e| io_err("read meta", e))?.map(|v| v.value().to_vec()))
+            };
+            (get(KEY_VOTE)?, get(KEY_COMMITTED)?, get(KEY_PURGED)?)
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => (None, None, None),
+        Err(e) => return Err(io_err("open meta table", e)),
+    };
+    let purged = match purged_bytes {
+        Some(b) => Some((decode::<LogIdT>(&b, "last purged")?.index, b)),
+        None => None,
+    };
+    let mut entries = Vec::new();
+    match r.open_table(LEGACY_LOG) {
+        Ok(log) => {
+            let from = purged.as_ref().map_or(0, |(p, _)| p + 1);
+            for item in log.range(from..).map_err(|e| io_err("read log", e))? {
+                let (k, v) = item.map_err(|e| io_err("read log", e))?;
+                entries.push((k.value(), v.value().to_vec()));
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(io_err("open log table", e)),
+    }
+    Ok(LegacyLog { vote, committed, purged, entries })
+}
+
+/// Moves a redb log of an earlier version into a new write-ahead log at
+/// `dir`: written to a temporary dir, synced, renamed into place, then the
+/// redb file is removed. A crash at any point leaves either the redb file
+/// alone (redone at the next start) or the new log (the redb file is then
+/// removed). Blocking.
+fn migrate_legacy(dir: &Path, options: WalOptions) -> io::Result<()> {
+    let legacy = legacy_path(dir);
+    if !legacy.exists() {
+        return Ok(());
+    }
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    if !dir.exists() {
+        let saved = read_legacy(&legacy)?;
+        let tmp = dir.with_extension("migrating");
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| io_err(&format!("remove {}", tmp.display()), e))?;
+        }
+        {
+            let (mut writer, _, _) = WalWriter::open(&tmp, options)?;
+            let mut ops = Vec::new();
+            if let Some(v) = &saved.vote {
+                ops.push(WalOp::Vote(v));
+            }
+            if let Some(c) = &saved.committed {
+                ops.push(WalOp::Committed(c));
+            }
+            if let Some((index, bytes)) = &saved.purged {
+                ops.push(WalOp::Purge { index: *index, bytes });
+            }
+            writer.write_group(&ops, true)?;
+            // Contiguous runs (the log has no gaps past its purge marker).
+            let mut run_first = 0;
+            let mut run: Vec<Vec<u8>> = Vec::new();
+            for (index, bytes) in saved.entries {
+                if !run.is_empty() && index != run_first + run.len() as u64 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "the earlier raft log {} has a gap before entry {index}; restore this node from a peer (an empty data dir with --join)",
+                            legacy.display()
+                        ),
+                    ));
+                }
+                if run.is_empty() {
+                    run_first = index;
+                }
+                run.push(bytes);
+                if run.len() == 4096 {
+                    writer.write_group(&[WalOp::Entries { first: run_first, entries: &run }], false)?;
+                    run_first += run.len() as u64;
+                    run.clear();
+                }
+            }
+            writer.write_group(&[WalOp::Entries { first: run_first, entries: &run }], true)?;
+        }
+        std::fs::rename(&tmp, dir)
+            .map_err(|e| io_err(&format!("move the migrated raft log {} into place", tmp.display()), e))?;
+        std::fs::File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_err(&format!("sync {}", parent.display()), e))?;
+        tracing::info!(from = %legacy.display(), to = %dir.display(), "moved the raft log into the write-ahead log");
+    }
+    std::fs::remove_file(&legacy)
+        .map_err(|e| io_err(&format!("remove the earlier raft log {}", legacy.display()), e))?;
+    Ok(())
+}
+
+fn flusher_loop(shared: Arc<Shared>, mut wal: WalWriter, rx: std_mpsc::Receiver<Op>) {
     let mut last_durable: Option<tokio::time::Instant> = None;
     while let Ok(first) = rx.recv() {
         let mut durable = first.needs_fsync();
@@ -223,15 +370,22 @@ fn flusher_loop(shared: Arc<Shared>, rx: std_mpsc::Receiver<Op>) {
             }
         }
         let started = tokio::time::Instant::now();
-        let result = write_group(&shared.db, &ops, durable);
+        // A group that only records the committed index (a restart hint
+        // that may be lost: openraft then re-learns it from the leader) is
+        // written without fsync and becomes durable with the next group.
+        let wal_ops: Vec<WalOp<'_>> = ops.iter().filter_map(Op::wal_op).collect();
+        let result = wal.write_group(&wal_ops, durable);
+        drop(wal_ops);
         if durable {
             last_durable = Some(started);
             shared.metrics.observe_log_flush(started.elapsed(), ops.len());
         }
         let mut highest = None;
         for op in &ops {
-            if let Op::Append { last, .. } = op {
-                highest = Some(*last);
+            if let Op::Append { first, entries, .. } = op
+                && !entries.is_empty()
+            {
+                highest = Some(first + entries.len() as u64 - 1);
             }
         }
         if result.is_ok() {
@@ -263,45 +417,6 @@ fn flusher_loop(shared: Arc<Shared>, rx: std_mpsc::Receiver<Op>) {
             }
         }
     }
-}
-
-/// Writes a group in one transaction; `durable` unless it only records the
-/// committed index, which is a restart hint that may be lost (openraft then
-/// re-learns it from the leader): it rides along with the next durable commit.
-fn write_group(db: &Database, ops: &[Op], durable: bool) -> io::Result<()> {
-    let mut w = db.begin_write().map_err(|e| io_err("begin log write", e))?;
-    let durability = if durable { Durability::Immediate } else { Durability::None };
-    w.set_durability(durability).map_err(|e| io_err("set durability", e))?;
-    {
-        let mut log = w.open_table(LOG).map_err(|e| io_err("open log table", e))?;
-        let mut meta = w.open_table(META).map_err(|e| io_err("open meta table", e))?;
-        for op in ops {
-            match op {
-                Op::Append { entries, .. } => {
-                    for (index, bytes) in entries {
-                        log.insert(*index, bytes.as_slice()).map_err(|e| io_err("append", e))?;
-                    }
-                }
-                Op::Vote { bytes, .. } => {
-                    meta.insert(KEY_VOTE, bytes.as_slice()).map_err(|e| io_err("save vote", e))?;
-                }
-                Op::Committed { bytes } => {
-                    meta.insert(KEY_COMMITTED, bytes.as_slice()).map_err(|e| io_err("save committed", e))?;
-                }
-                Op::TruncateAfter { from, .. } => {
-                    log.retain_in(*from.., |_, _| false).map_err(|e| io_err("truncate", e))?;
-                }
-                Op::Purge { upto, bytes } => {
-                    // The purge marker goes first: entries at or below it are
-                    // ignored on open even if a crash leaves some behind.
-                    meta.insert(KEY_PURGED, bytes.as_slice()).map_err(|e| io_err("save purge marker", e))?;
-                    log.retain_in(..=*upto, |_, _| false).map_err(|e| io_err("purge", e))?;
-                }
-                Op::Sync { .. } => {}
-            }
-        }
-    }
-    w.commit().map_err(|e| io_err("commit raft log", e))
 }
 
 fn bounds<RB: RangeBounds<u64>>(range: &RB) -> (u64, Option<u64>) {
@@ -336,20 +451,14 @@ impl LogReader {
         if !need_disk {
             return Ok(cached.into_iter().filter(|e| e.index() >= start).collect());
         }
-        let db = self.shared.db.clone();
+        let disk = self.shared.disk.clone();
         let mut from_disk = tokio::task::spawn_blocking(move || -> io::Result<BTreeMap<u64, Entry>> {
-            let r = db.begin_read().map_err(|e| io_err("begin read", e))?;
-            let log = r.open_table(LOG).map_err(|e| io_err("open log table", e))?;
             let mut out = BTreeMap::new();
-            let iter = match end {
-                Some(end) if end <= start => return Ok(out),
-                Some(end) => log.range(start..end),
-                None => log.range(start..),
+            if end.is_some_and(|end| end <= start) {
+                return Ok(out);
             }
-            .map_err(|e| io_err("read log", e))?;
-            for item in iter {
-                let (k, v) = item.map_err(|e| io_err("read log", e))?;
-                out.insert(k.value(), decode::<Entry>(v.value(), "log entry")?);
+            for (index, bytes) in disk.read(start, end)? {
+                out.insert(index, decode::<Entry>(&bytes, "log entry")?);
             }
             Ok(out)
         })
@@ -428,12 +537,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut encoded = Vec::new();
-        let mut decoded = Vec::new();
+        let mut decoded: Vec<Entry> = Vec::new();
         for e in entries {
-            encoded.push((e.index(), encode(&e)?));
+            if let Some(prev) = decoded.last()
+                && e.index() != prev.index() + 1
+            {
+                return Err(io::Error::other(format!("append of entry {} after entry {}", e.index(), prev.index())));
+            }
+            encoded.push(encode(&e)?);
             decoded.push(e);
         }
-        let Some(last) = decoded.last().map(|e| e.log_id()) else {
+        let (Some(first), Some(last)) = (decoded.first().map(|e| e.index()), decoded.last().map(|e| e.log_id())) else {
             callback.io_completed(Ok(()));
             return Ok(());
         };
@@ -444,7 +558,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             }
             mem.last_log_id = Some(last);
         }
-        self.send(Op::Append { entries: encoded, last: last.index, callback })
+        self.send(Op::Append { first, entries: encoded, callback })
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogIdT>) -> Result<(), io::Error> {

@@ -1,10 +1,12 @@
-//! openraft storage on redb: the raft log and vote ([`LogStore`]) in one file,
-//! the lock state ([`StateMachineStore`]) in another (DESIGN §3.4).
+//! openraft storage: the raft log and vote ([`LogStore`]) in a write-ahead
+//! log, the lock state ([`StateMachineStore`]) in memory and in snapshot
+//! files (DESIGN §3.4).
 //!
 //! - `log_store` — the raft log and vote, with group commit.
+//! - `wal` — the write-ahead log's segment files: format, recovery, writer.
 //! - `sm_store` — [`StateMachineStore`], openraft's `RaftStateMachine`:
 //!   applies in memory, hands each batch to the persister.
-//! - `persister` — the thread that writes the state file.
+//! - `persister` — the thread that writes the audit log.
 //! - `tables` — the state file's tables, their rows, loading the state.
 //! - `snapshot` — snapshot formats (and migrating old ones), building,
 //!   installing, snapshot files.
@@ -24,13 +26,13 @@ mod snapshot;
 mod tables;
 #[cfg(test)]
 mod tests;
+mod wal;
 
 pub(crate) use self::codec::{decode, encode};
-pub use self::log_store::{LogReader, LogStore};
+pub use self::log_store::{LEGACY_LOG_FILE, LogReader, LogStore};
 pub use self::sm_store::{ApplyObserver, NoObserver, StateMachineStore};
+pub use self::wal::{LOG_DIR, WalOptions};
 
-/// File name of the raft log inside a data dir.
-pub const LOG_FILE: &str = "raft-log.redb";
 /// File name of the state machine inside a data dir.
 pub const STATE_FILE: &str = "state.redb";
 /// Directory of snapshot files inside a data dir.

@@ -75,7 +75,8 @@ pub(super) struct Shared {
     pub(super) audit: Option<bool>,
 }
 
-/// The redb-backed [`RaftStateMachine`]. Clones share one state.
+/// The [`RaftStateMachine`]: the state in memory, persisted in snapshot
+/// files. Clones share one state.
 #[derive(Clone)]
 pub struct StateMachineStore {
     shared: Arc<Shared>,

@@ -1,4 +1,6 @@
-//! openraft's storage conformance `Suite` on the redb stores (STYLE.md habit 9).
+//! openraft's storage conformance `Suite` on our stores (STYLE.md habit 9),
+//! the audit log's order, and moving a redb log of an earlier version into
+//! the write-ahead log.
 
 use std::sync::Arc;
 
@@ -11,13 +13,19 @@ use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::raft::TypeConfig;
 
-struct RedbBuilder;
+/// The stores as a node opens them; `Some` segment size: the log with that
+/// size (a small one makes the suite's writes cross segments).
+struct Builder(Option<u64>);
 
-impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for RedbBuilder {
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder {
     async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<TypeConfig>> {
         let dir = TempDir::new().expect("temp dir");
         let metrics = Metrics::new();
-        let log = LogStore::open(&dir.path().join(LOG_FILE), metrics.clone()).expect("open log");
+        let options = match self.0 {
+            Some(segment_bytes) => WalOptions { segment_bytes, zero_chunk: 1024 },
+            None => WalOptions::default(),
+        };
+        let log = LogStore::open_with(&dir.path().join(LOG_DIR), metrics.clone(), options).expect("open log");
         let sm = StateMachineStore::open(
             &dir.path().join(STATE_FILE),
             &dir.path().join(SNAPSHOT_DIR),
@@ -33,7 +41,102 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for RedbBuil
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t10_openraft_storage_suite() {
-    Suite::test_all(RedbBuilder).await.expect("openraft storage suite");
+    Suite::test_all(Builder(None)).await.expect("openraft storage suite");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t10_openraft_storage_suite_on_4_kib_segments() {
+    Suite::test_all(Builder(Some(4096))).await.expect("openraft storage suite, small segments");
+}
+
+mod legacy_log {
+    //! A data dir of a version before the write-ahead log keeps its raft
+    //! log in `raft-log.redb`: the first start moves it over, whole.
+
+    use openraft::alias::{EntryOf, LogIdOf, VoteOf};
+    use openraft::entry::RaftEntry;
+    use openraft::storage::{RaftLogReader, RaftLogStorage};
+    use redb::{Database, TableDefinition};
+
+    use super::*;
+    use crate::state_machine::{Command, LogCommand};
+    use crate::store::encode;
+
+    const LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("log");
+    const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
+
+    fn entry(index: u64) -> EntryOf<TypeConfig> {
+        let cmd = Command::PruneDedup { older_than_ms: index };
+        EntryOf::<TypeConfig>::new_normal(
+            openraft::testing::log_id::<TypeConfig>(2, 1, index),
+            LogCommand { at_ms: index, cmd },
+        )
+    }
+
+    /// Writes a log as the redb store did: entries by index, the vote,
+    /// committed id and purge marker in a meta table. Entry 3 is at or
+    /// below the purge marker: left behind by a purge a crash cut short.
+    fn write_legacy(path: &std::path::Path) {
+        let db = Database::create(path).unwrap();
+        let w = db.begin_write().unwrap();
+        {
+            let mut log = w.open_table(LOG).unwrap();
+            for i in 3..=10 {
+                log.insert(i, encode(&entry(i)).unwrap().as_slice()).unwrap();
+            }
+            let mut meta = w.open_table(META).unwrap();
+            let vote: VoteOf<TypeConfig> = VoteOf::<TypeConfig>::new_committed(2, 1);
+            meta.insert("vote", encode(&vote).unwrap().as_slice()).unwrap();
+            let committed: LogIdOf<TypeConfig> = openraft::testing::log_id::<TypeConfig>(2, 1, 9);
+            meta.insert("committed", encode(&committed).unwrap().as_slice()).unwrap();
+            let purged: LogIdOf<TypeConfig> = openraft::testing::log_id::<TypeConfig>(2, 1, 5);
+            meta.insert("last_purged", encode(&purged).unwrap().as_slice()).unwrap();
+        }
+        w.commit().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t21_a_redb_log_of_an_earlier_version_is_moved_into_the_write_ahead_log() {
+        let dir = TempDir::new().unwrap();
+        let legacy = dir.path().join(LEGACY_LOG_FILE);
+        write_legacy(&legacy);
+        let log_dir = dir.path().join(LOG_DIR);
+        assert!(LogStore::holds_raft_data(&log_dir).unwrap(), "the earlier log counts as raft data");
+
+        let mut log = LogStore::open(&log_dir, Metrics::new()).unwrap();
+        assert!(!legacy.exists(), "the redb file is removed once moved");
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(5));
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(10));
+        assert_eq!(log.read_vote().await.unwrap(), Some(VoteOf::<TypeConfig>::new_committed(2, 1)));
+        assert_eq!(log.read_committed().await.unwrap().map(|l| l.index), Some(9));
+        let entries = log.try_get_log_entries(0..100).await.unwrap();
+        assert_eq!(entries, (6..=10).map(entry).collect::<Vec<_>>(), "entries past the purge marker, as they were");
+        drop(log);
+
+        // A second start reads the moved log and does not look for the old one.
+        let mut log = LogStore::open(&log_dir, Metrics::new()).unwrap();
+        assert_eq!(log.get_log_state().await.unwrap().last_log_id.map(|l| l.index), Some(10));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t22_a_move_cut_short_is_done_again_and_a_finished_one_only_removes_the_file() {
+        let dir = TempDir::new().unwrap();
+        let legacy = dir.path().join(LEGACY_LOG_FILE);
+        let log_dir = dir.path().join(LOG_DIR);
+        // Cut short before the rename: a half-written temporary dir.
+        write_legacy(&legacy);
+        std::fs::create_dir_all(log_dir.with_extension("migrating")).unwrap();
+        std::fs::write(log_dir.with_extension("migrating").join("00000000000000000001.wal"), b"half").unwrap();
+        let mut log = LogStore::open(&log_dir, Metrics::new()).unwrap();
+        assert_eq!(log.try_get_log_entries(0..100).await.unwrap().len(), 5);
+        drop(log);
+        // Cut short after the rename: the redb file is still there, the new log wins.
+        write_legacy(&legacy);
+        let mut log = LogStore::open(&log_dir, Metrics::new()).unwrap();
+        assert!(!legacy.exists());
+        assert_eq!(log.try_get_log_entries(0..100).await.unwrap().len(), 5);
+    }
 }
 
 mod audit_order {
