@@ -28,6 +28,7 @@ use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::bootstrap::ClusterId;
+use crate::clock::LastSeen;
 use crate::raft::{RaftHandle, TypeConfig};
 use crate::store::{decode, encode};
 use crate::tls::{ConnInfo, peer_endpoint};
@@ -78,18 +79,22 @@ pub(crate) struct NetworkFactory {
     faults: Option<Arc<dyn Faults>>,
     connect_timeout: Duration,
     tls: Option<ClientTlsConfig>,
+    replication_interval: Duration,
 }
 
 impl NetworkFactory {
     /// A factory for node `from` of the cluster `cluster_id` names; with
     /// `tls`, peers are called over https with this node's certificate.
+    /// Appends to one follower are pulled at most once per
+    /// `replication_interval` ([`Paced`]; zero: as fast as answered).
     pub(crate) fn new(
         from: NodeId,
         cluster_id: Arc<ClusterId>,
         faults: Option<Arc<dyn Faults>>,
         tls: Option<ClientTlsConfig>,
+        replication_interval: Duration,
     ) -> Self {
-        Self { from, cluster_id, faults, connect_timeout: Duration::from_millis(500), tls }
+        Self { from, cluster_id, faults, connect_timeout: Duration::from_millis(500), tls, replication_interval }
     }
 }
 
@@ -110,6 +115,8 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             }),
             addr: node.addr.clone(),
             faults: self.faults.clone(),
+            replication_interval: self.replication_interval,
+            last_append: Arc::new(LastSeen::never()),
         }
     }
 }
@@ -122,6 +129,8 @@ pub(crate) struct PeerClient {
     client: Option<RaftClient<Channel>>,
     addr: String,
     faults: Option<Arc<dyn Faults>>,
+    replication_interval: Duration,
+    last_append: Arc<LastSeen>,
 }
 
 /// The deadline of one append: openraft's for a heartbeat, at least
@@ -234,8 +243,73 @@ fn status_error(what: &str, target: NodeId, status: Status) -> RPCError<TypeConf
     }
 }
 
+/// openraft's request stream of one follower, pulled no sooner than
+/// `interval` after the previous request was pulled (pacing, issue 18).
+///
+/// openraft builds an append request when it is pulled, from every entry
+/// the leader holds by then, and pulls the next one when the previous
+/// answer arrives: on a fast disk that is a round every ~1 ms carrying a
+/// few entries, and a follower's CPU goes by rounds (a gRPC call, a raft
+/// step, an `fdatasync`, an apply batch, wake-ups), not by entries. Pulling
+/// at most once per interval lets the entries proposed meanwhile travel
+/// together; an append that follows a quiet spell is never delayed, so the
+/// added latency is at most the interval and only under load.
+struct Paced<S> {
+    inner: S,
+    interval: Duration,
+    /// When this follower's last append request was pulled (shared across
+    /// openraft's replication sessions to it).
+    last: Arc<LastSeen>,
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S: futures::Stream + Unpin> futures::Stream for Paced<S> {
+    type Item = S::Item;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if let Some(age) = this.last.age()
+            && age < this.interval
+        {
+            let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(this.interval - age)));
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+        this.sleep = None;
+        let next = std::pin::Pin::new(&mut this.inner).poll_next(cx);
+        if let Poll::Ready(Some(_)) = &next {
+            this.last.touch();
+        }
+        next
+    }
+}
+
 impl RaftNetworkV2<TypeConfig> for PeerClient {
     type SnapshotData = Cursor<Vec<u8>>;
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> openraft::base::BoxFuture<
+        's,
+        Result<
+            openraft::base::BoxStream<'s, Result<openraft::raft::StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: futures::Stream<Item = AppendEntriesRequest<TypeConfig>> + openraft::OptionalSend + Unpin + 'static,
+    {
+        let paced =
+            Paced { inner: input, interval: self.replication_interval, last: self.last_append.clone(), sleep: None };
+        openraft::network::stream_append_sequential(self, paced, option)
+    }
 
     async fn append_entries(
         &mut self,
@@ -569,6 +643,56 @@ mod tests {
         assert_eq!(append_deadline(&append, fifty), APPEND_DEADLINE, "entries wait for the fsync");
         let long = APPEND_DEADLINE * 3;
         assert_eq!(append_deadline(&append, long), long, "a longer deadline offered is kept");
+    }
+
+    /// Pacing (issue 18): a follower's next append request is pulled no
+    /// sooner than the interval after the last, across replication
+    /// sessions; one after a quiet spell is not held at all.
+    #[tokio::test(start_paused = true)]
+    async fn appends_are_pulled_at_most_once_per_interval_and_never_held_after_a_quiet_spell() {
+        use std::sync::Arc;
+
+        use futures::StreamExt as _;
+        use tokio::time::Instant;
+
+        use super::{LastSeen, Paced};
+
+        let interval = Duration::from_millis(4);
+        let last = Arc::new(LastSeen::never());
+        let (tx, rx) = futures::channel::mpsc::unbounded::<u32>();
+        let mut paced = Paced { inner: rx, interval, last: last.clone(), sleep: None };
+        tx.unbounded_send(1).unwrap();
+        tx.unbounded_send(2).unwrap();
+        let start = Instant::now();
+        assert_eq!(paced.next().await, Some(1));
+        assert_eq!(start.elapsed(), Duration::ZERO, "the first request is not held");
+        assert_eq!(paced.next().await, Some(2));
+        assert_eq!(start.elapsed(), interval, "the next one waits out the interval");
+
+        tokio::time::advance(Duration::from_millis(10)).await;
+        tx.unbounded_send(3).unwrap();
+        let quiet = Instant::now();
+        assert_eq!(paced.next().await, Some(3));
+        assert_eq!(quiet.elapsed(), Duration::ZERO, "after a quiet spell nothing waits");
+
+        // A new replication session to the same follower keeps the pace.
+        let (tx2, rx2) = futures::channel::mpsc::unbounded::<u32>();
+        let mut session = Paced { inner: rx2, interval, last, sleep: None };
+        tx2.unbounded_send(4).unwrap();
+        let next = Instant::now();
+        assert_eq!(session.next().await, Some(4));
+        assert_eq!(next.elapsed(), interval);
+
+        // Zero: never held.
+        let (tx3, rx3) = futures::channel::mpsc::unbounded::<u32>();
+        let mut unpaced =
+            Paced { inner: rx3, interval: Duration::ZERO, last: Arc::new(LastSeen::never()), sleep: None };
+        tx3.unbounded_send(5).unwrap();
+        tx3.unbounded_send(6).unwrap();
+        let at = Instant::now();
+        assert_eq!(unpaced.next().await, Some(5));
+        assert_eq!(unpaced.next().await, Some(6));
+        assert_eq!(at.elapsed(), Duration::ZERO);
     }
 
     #[test]
