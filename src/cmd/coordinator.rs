@@ -249,6 +249,27 @@ pub(crate) struct CoordinatorArgs {
     /// everything.
     #[arg(long, env = "FENCER_TENANTS")]
     tenants: Option<PathBuf>,
+
+    /// Threads that run the node's async work: requests, raft, replication
+    /// [default: half the CPUs available, at least 1]. The raft log's
+    /// writer, the audit writer and snapshot building have threads of their
+    /// own, and the kernel's network and disk work needs CPU too; a second
+    /// worker on a 2-CPU machine cost the leader 15 % more CPU per
+    /// operation in hand-offs between the workers (docs/performance.md,
+    /// "Worker threads").
+    #[arg(long, env = "FENCER_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    worker_threads: Option<u16>,
+}
+
+impl CoordinatorArgs {
+    /// The async runtime's worker threads: `--worker-threads`, or half the
+    /// CPUs available (at least 1).
+    pub(crate) fn worker_threads(&self) -> usize {
+        match self.worker_threads {
+            Some(n) => usize::from(n),
+            None => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
+        }
+    }
 }
 
 /// Loads a tenants file off the async workers; an invalid file stops the
@@ -355,6 +376,11 @@ mod tests {
         assert_eq!(cli.args.heartbeat, fencer_coordinator::DEFAULT_HEARTBEAT);
         assert_eq!(cli.args.election_timeout, fencer_coordinator::DEFAULT_ELECTION_TIMEOUT);
         assert_eq!(cli.args.replication_interval, fencer_coordinator::DEFAULT_REPLICATION_INTERVAL);
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(cli.args.worker_threads(), (cpus / 2).max(1), "half the CPUs by default");
+        let cli = Cli::try_parse_from(["fencer", "--data-dir", "d", "--worker-threads", "3"]).unwrap();
+        assert_eq!(cli.args.worker_threads(), 3);
+        assert!(Cli::try_parse_from(["fencer", "--data-dir", "d", "--worker-threads", "0"]).is_err());
     }
 
     #[test]
