@@ -352,22 +352,24 @@ fn flusher_loop(shared: Arc<Shared>, mut wal: WalWriter, rx: std_mpsc::Receiver<
     while let Ok(first) = rx.recv() {
         let mut durable = first.needs_fsync();
         let mut ops = vec![first];
-        let gather_until = last_durable.map(|t| t + MIN_COMMIT_GAP);
-        while ops.len() < MAX_GROUP {
-            let next = match gather_until {
-                Some(until) if durable => match until.checked_duration_since(tokio::time::Instant::now()) {
-                    Some(left) => rx.recv_timeout(left).ok(),
-                    None => rx.try_recv().ok(),
-                },
-                _ => rx.try_recv().ok(),
-            };
-            match next {
-                Some(op) => {
-                    durable |= op.needs_fsync();
-                    ops.push(op);
-                }
-                None => break,
+        let take_queued = |ops: &mut Vec<Op>, durable: &mut bool| {
+            while ops.len() < MAX_GROUP {
+                let Ok(op) = rx.try_recv() else { break };
+                *durable |= op.needs_fsync();
+                ops.push(op);
             }
+        };
+        take_queued(&mut ops, &mut durable);
+        // A durable group waits out the rest of the gap after the previous
+        // one asleep, not woken by every append that arrives meanwhile (a
+        // wake-up and a context switch each), then takes what is queued.
+        if durable
+            && ops.len() < MAX_GROUP
+            && let Some(left) =
+                last_durable.and_then(|t| (t + MIN_COMMIT_GAP).checked_duration_since(tokio::time::Instant::now()))
+        {
+            std::thread::sleep(left);
+            take_queued(&mut ops, &mut durable);
         }
         let started = tokio::time::Instant::now();
         // A group that only records the committed index (a restart hint
