@@ -49,12 +49,13 @@ fn acquire_op(wait_timeout_ms: u64) -> &'static str {
     if wait_timeout_ms == 0 { "acquire" } else { "acquire_wait" }
 }
 
-/// Runs one operation in its own span — `op`, `resource`, and as they
-/// become known `request_id`, `log_index` (recorded by the service) and
-/// `outcome` — records its metrics and logs its end at debug level. Every
-/// event logged while it runs carries these fields, which is how one call
-/// is followed from its arrival to the apply of its log entry (the apply
-/// logs the same `log_index`).
+/// Runs one operation in its own span — `op`, `resource`, and, with debug
+/// logging on for the coordinator, as they become known `request_id`,
+/// `log_index` (recorded by the service) and `outcome` — records its
+/// metrics and logs its end at debug level. Every event logged while it
+/// runs carries these fields, which is how one call is followed from its
+/// arrival to the apply of its log entry (the apply logs the same
+/// `log_index`).
 ///
 /// Built from combinators rather than as an `async fn`: an `async fn`
 /// keeps its argument future and the awaited one side by side, so every
@@ -83,7 +84,7 @@ pub(super) fn observed<'m, T, F: Future<Output = Result<T, LockError>>>(
         };
         let elapsed = started.elapsed();
         metrics.observe_request(op, outcome, elapsed);
-        tracing::Span::current().record("outcome", outcome);
+        crate::service::record_call_field("outcome", outcome);
         match &r {
             Err(e) if outcome == "unknown" => {
                 tracing::warn!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call ended with an unknown outcome")

@@ -118,7 +118,7 @@ impl LockService {
         // After a wait another call's entry granted this one: its index is
         // the token (I2). (An immediate grant's index was recorded by propose.)
         if grant.waited {
-            tracing::Span::current().record("log_index", grant.token.0);
+            super::record_call_field("log_index", grant.token.0);
         }
         let expires_at_unix_ms = self.expires_at(&grant.lease_id, grant.ttl_ms);
         let signed_token = self.sign_grant(grant.resource.as_str(), grant.token.0, grant.lease_id.to_u128()).await;
@@ -134,7 +134,7 @@ impl LockService {
         } else {
             RequestId::new(req.request_id)?
         };
-        tracing::Span::current().record("request_id", request_id.as_str());
+        super::record_call_field("request_id", request_id.as_str());
         let holder = Holder::new(req.holder)?;
         let ttl = policy.ttl(req.ttl_ms)?;
         let wait = policy.wait(req.wait_timeout_ms)?;

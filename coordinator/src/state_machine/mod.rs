@@ -280,10 +280,9 @@ impl LockState {
                 (Outcome::Queued { lease_id: *lease_id, position }, DedupOutcome::Queued { lease_id: *lease_id })
             }
         };
-        // A refusal may have created an empty entry above; idle records are deleted.
-        if self.resources.get(resource).is_some_and(ResourceState::is_idle) {
-            self.resources.remove(resource);
-        }
+        // No branch leaves an idle record behind: an entry created above
+        // (the lock was free) was granted, and the refusals need a held lock.
+        debug_assert!(!self.resources.get(resource).is_some_and(ResourceState::is_idle));
         self.dedup
             .insert(key, DedupRecord { resource: ResourceHash::of(resource), outcome: dedup, at_ms, fingerprint });
         outcome

@@ -292,8 +292,23 @@ impl ResourceHash {
 /// two request ids that collide would share a record, and with SHA-256 no one
 /// can make them collide on purpose. Stable across nodes and versions, so it
 /// is persisted (state file, snapshots) and every node computes the same.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RequestKey([u8; 16]);
+
+/// The bytes' order, compared as one big-endian number: two integer
+/// comparisons instead of a `memcmp` call, on every lookup of a table of
+/// ~240,000 records.
+impl Ord for RequestKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.to_u128().cmp(&other.to_u128())
+    }
+}
+
+impl PartialOrd for RequestKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 
 impl RequestKey {
     /// The key of a request id.
