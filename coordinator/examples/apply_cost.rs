@@ -53,6 +53,8 @@ struct Bench {
     is_held: std::collections::HashSet<u64>,
     snapshot: Option<LockState>,
     in_apply: std::time::Duration,
+    /// The retention prunes apart: (records removed, time), each.
+    prunes: Vec<(u64, std::time::Duration)>,
 }
 
 impl Bench {
@@ -69,8 +71,9 @@ impl Bench {
     }
 
     /// One acquire of a free resource and, once the held set is full, one
-    /// release of a random held lease; the retention prune every 120,000
-    /// entries (30 s at the seed rate), of what is older than 480,000 (2 min).
+    /// release of a random held lease; the retention prune every 4,000
+    /// entries (the leader proposes one a second), of what is older than
+    /// 480,000 entries (2 minutes at the seed rate).
     fn step(&mut self) {
         let r = loop {
             let r = self.rng.next() % RESOURCES;
@@ -89,8 +92,12 @@ impl Bench {
             let resource = ResourceName::new(format!("orders/customer-{r}")).expect("resource");
             self.apply(Command::Release { resource, lease_id });
         }
-        if self.index % 120_000 < 2 && self.index > 2 * RETAINED {
-            self.apply(Command::PruneDedup { older_than_ms: self.index - 2 * RETAINED });
+        if self.index % 4_000 < 2 && self.index > 2 * RETAINED {
+            let before = self.in_apply;
+            let outcome = self.apply(Command::PruneDedup { older_than_ms: self.index - 2 * RETAINED });
+            if let fencer_coordinator::Outcome::Pruned { dedup, ended } = outcome {
+                self.prunes.push((dedup + ended, self.in_apply - before));
+            }
         }
     }
 }
@@ -105,12 +112,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         is_held: std::collections::HashSet::new(),
         snapshot: None,
         in_apply: std::time::Duration::ZERO,
+        prunes: Vec::new(),
     };
     // Fill: the held set, then the retained records of 2 minutes at the seed rate.
     while b.index < 2 * RETAINED {
         b.step();
     }
     b.in_apply = std::time::Duration::ZERO;
+    b.prunes.clear();
     let from = b.index;
     while b.index < from + measured {
         b.step();
@@ -125,5 +134,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         per_entry.as_secs_f64() * 1e6,
         1.0 / per_entry.as_secs_f64(),
     );
+    if let Some(longest) = b.prunes.iter().map(|(_, t)| *t).max() {
+        let removed: u64 = b.prunes.iter().map(|(n, _)| n).sum();
+        println!(
+            "  {} retention prunes (one a second at the seed rate) removed {:.0} records each, the longest in {:.2} ms (one apply)",
+            b.prunes.len(),
+            removed as f64 / b.prunes.len() as f64,
+            longest.as_secs_f64() * 1e3
+        );
+    }
     Ok(())
 }

@@ -601,6 +601,94 @@ fn a_promoted_request_keeps_its_record_for_the_retention_after_its_promotion() {
     assert!(matches!(out, Outcome::Granted(Grant { token: FencingToken(3), waited: true, .. })), "{out:?}");
 }
 
+mod retention {
+    //! The retention prune goes through an index of the records by the
+    //! second of their time (issue 18); what it removes must be exactly
+    //! what a scan of the tables removes, on a state that applied every
+    //! entry and on one rebuilt from its tables (a snapshot) alike, with
+    //! the leader's clock going backwards at times (a new leader).
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Lock(Op),
+        /// Prune what is older than the current time minus this.
+        Prune(u64),
+        /// Rebuild the second replica from its tables, as a snapshot does.
+        Snapshot,
+        /// Move the leader's clock by this (back when negative).
+        Clock(i64),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            8 => op().prop_map(Step::Lock),
+            2 => (0u64..5_000).prop_map(Step::Prune),
+            1 => Just(Step::Snapshot),
+            2 => (-3_000i64..3_000).prop_map(Step::Clock),
+        ]
+    }
+
+    /// What a scan of the tables keeps after a prune at `older_than_ms`.
+    fn scan_kept(s: &LockState, older_than_ms: u64) -> (Vec<RequestKey>, Vec<LeaseId>) {
+        let dedup = s
+            .dedup_records()
+            .iter()
+            .filter(|(_, r)| r.at_ms >= older_than_ms || matches!(r.outcome, DedupOutcome::Queued { .. }))
+            .map(|(k, _)| *k)
+            .collect();
+        let ended = s.ended_records().iter().filter(|(_, r)| r.at_ms >= older_than_ms).map(|(k, _)| *k).collect();
+        (dedup, ended)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_prune_removes_what_a_scan_would_on_every_replica(steps in proptest::collection::vec(step(), 1..150)) {
+            let (mut a, mut b) = (LockState::new(), LockState::new());
+            let mut issued = Vec::new();
+            let mut now: u64 = 100_000;
+            for (i, step) in steps.iter().enumerate() {
+                let index = i as u64 + 1;
+                now += 250;
+                let cmd = match step {
+                    Step::Lock(op) => resolve(op, &a, &issued, index),
+                    Step::Prune(age) => Command::PruneDedup { older_than_ms: now.saturating_sub(*age) },
+                    Step::Snapshot => {
+                        b = LockState::from_parts(b.resources().clone(), b.dedup_records().clone(), b.ended_records().clone());
+                        continue;
+                    }
+                    Step::Clock(d) => {
+                        now = now.saturating_add_signed(*d);
+                        continue;
+                    }
+                };
+                let expected = match &cmd {
+                    Command::PruneDedup { older_than_ms } => Some(scan_kept(&a, *older_than_ms)),
+                    _ => None,
+                };
+                let entry = LogCommand { at_ms: now, cmd };
+                let (ra, rb) = (a.apply(index, &entry), b.apply(index, &entry));
+                prop_assert_eq!(&ra, &rb);
+                prop_assert_eq!(a.dedup_records(), b.dedup_records());
+                prop_assert_eq!(a.ended_records(), b.ended_records());
+                prop_assert_eq!(a.resources(), b.resources());
+                if let Some((dedup, ended)) = expected {
+                    prop_assert_eq!(a.dedup_records().keys().copied().collect::<Vec<_>>(), dedup);
+                    prop_assert_eq!(a.ended_records().keys().copied().collect::<Vec<_>>(), ended);
+                }
+                for e in &ra.events {
+                    if let Event::LeaseStarted { lease_id, .. } = e {
+                        issued.push(*lease_id);
+                    }
+                }
+            }
+        }
+    }
+}
+
 mod signing_keys {
     //! RegisterSigningKey and RetireSigningKey (DESIGN P7): the rules, and
     //! that every replica applying the same entries holds the same keys.
