@@ -254,7 +254,7 @@ pub(crate) struct CoordinatorArgs {
     /// [default: half the CPUs available, at least 1]. The raft log's
     /// writer, the audit writer and snapshot building have threads of their
     /// own, and the kernel's network and disk work needs CPU too; a second
-    /// worker on a 2-CPU machine cost the leader 15 % more CPU per
+    /// worker on a 2-CPU machine cost the leader ~20 % more CPU per
     /// operation in hand-offs between the workers (docs/performance.md,
     /// "Worker threads").
     #[arg(long, env = "FENCER_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]

@@ -599,52 +599,48 @@ impl LockState {
     /// `older_than_ms`, through the retention index: only the seconds
     /// before `older_than_ms` are visited.
     fn prune(&mut self, older_than_ms: u64) -> Outcome {
-        // Every bucket that may hold an `at_ms` below the bound: the last
-        // one may also hold newer records, which stay listed.
-        let below = older_than_ms.div_ceil(RETENTION_BUCKET_MS);
-        let buckets: Vec<u64> = self.retention.dedup.range(..below).map(|(b, _)| *b).collect();
-        let mut dedup = 0u64;
-        for b in buckets {
-            let keys = self.retention.dedup.remove(&b).unwrap_or_default();
-            let mut kept = imbl::Vector::new();
-            for key in keys {
-                let Some(rec) = self.dedup.get(&key) else { continue };
-                if rec.at_ms / RETENTION_BUCKET_MS != b {
-                    // Listed again under the second its `at_ms` moved to.
-                    continue;
-                }
-                if rec.at_ms >= older_than_ms {
-                    kept.push_back(key);
-                } else if !matches!(rec.outcome, DedupOutcome::Queued { .. }) {
-                    self.dedup.remove(&key);
-                    dedup += 1;
-                }
-            }
-            if !kept.is_empty() {
-                self.retention.dedup.insert(b, kept);
-            }
-        }
-        let buckets: Vec<u64> = self.retention.ended.range(..below).map(|(b, _)| *b).collect();
-        let mut ended = 0u64;
-        for b in buckets {
-            let ids = self.retention.ended.remove(&b).unwrap_or_default();
-            let mut kept = imbl::Vector::new();
-            for id in ids {
-                let Some(rec) = self.ended.get(&id) else { continue };
-                if rec.at_ms / RETENTION_BUCKET_MS != b {
-                    continue;
-                }
-                if rec.at_ms >= older_than_ms {
-                    kept.push_back(id);
-                } else {
-                    self.ended.remove(&id);
-                    ended += 1;
-                }
-            }
-            if !kept.is_empty() {
-                self.retention.ended.insert(b, kept);
-            }
-        }
+        let dedup = prune_table(&mut self.retention.dedup, &mut self.dedup, older_than_ms, |r| {
+            (r.at_ms, !matches!(r.outcome, DedupOutcome::Queued { .. }))
+        });
+        let ended = prune_table(&mut self.retention.ended, &mut self.ended, older_than_ms, |r| (r.at_ms, true));
         Outcome::Pruned { dedup, ended }
     }
+}
+
+/// Removes from `records` what is older than `older_than_ms` and may go
+/// (`time_and_removable` of a record), visiting only the buckets of `index`
+/// that may hold such a record; returns how many were removed. A key listed
+/// under a second its record's `at_ms` has since left is dropped there (it
+/// is listed again under its new second); a record too old but not
+/// removable is dropped from the index until it changes and is listed anew.
+fn prune_table<K: Ord + Clone, R: Clone>(
+    index: &mut OrdMap<u64, imbl::Vector<K>>,
+    records: &mut OrdMap<K, R>,
+    older_than_ms: u64,
+    time_and_removable: impl Fn(&R) -> (u64, bool),
+) -> u64 {
+    // Every bucket that may hold an `at_ms` below the bound: the last one
+    // may also hold newer records, which stay listed.
+    let below = older_than_ms.div_ceil(RETENTION_BUCKET_MS);
+    let buckets: Vec<u64> = index.range(..below).map(|(b, _)| *b).collect();
+    let mut removed = 0u64;
+    for b in buckets {
+        let mut kept = imbl::Vector::new();
+        for key in index.remove(&b).unwrap_or_default() {
+            let Some((at_ms, removable)) = records.get(&key).map(&time_and_removable) else { continue };
+            if at_ms / RETENTION_BUCKET_MS != b {
+                continue;
+            }
+            if at_ms >= older_than_ms {
+                kept.push_back(key);
+            } else if removable {
+                records.remove(&key);
+                removed += 1;
+            }
+        }
+        if !kept.is_empty() {
+            index.insert(b, kept);
+        }
+    }
+    removed
 }
