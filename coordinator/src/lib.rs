@@ -100,6 +100,7 @@ mod raft;
 mod server;
 mod service;
 mod signing;
+mod snapshot_schedule;
 mod state_machine;
 mod store;
 mod tenants;

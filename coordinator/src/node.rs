@@ -33,6 +33,7 @@ use crate::raft::{RaftHandle, TypeConfig};
 use crate::server::ConnectionLimits;
 use crate::service::{LockService, QuorumAck, ServiceInner, register_keys};
 use crate::signing::NodeKeys;
+use crate::snapshot_schedule::SnapshotSchedule;
 use crate::state_machine::{AcquireCmd, Applied, Event, Grant, LockState, LogCommand};
 use crate::store::{ApplyObserver, LOG_DIR, LogStore, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
 use crate::tenants::{Authenticator, Tenants};
@@ -472,7 +473,9 @@ impl Node {
             election_timeout_min: config.election_timeout.0.as_millis() as u64,
             election_timeout_max: config.election_timeout.1.as_millis() as u64,
             install_snapshot_timeout: 10_000,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+            // Built at a phase of its own per node (`watch_metrics`), not
+            // by openraft's policy, which would build on every node at once.
+            snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: 10_000.min(config.snapshot_every),
             purge_batch_size: (config.snapshot_every / 4).clamp(1, 1024),
             max_payload_entries: 1024,
@@ -632,6 +635,7 @@ impl Node {
         tasks.push(tokio::spawn(watch_metrics(
             raft.clone(),
             metrics.clone(),
+            SnapshotSchedule::new(config.snapshot_every, config.node_id),
             leader_tx,
             acked_tx,
             shutdown_rx.clone(),
@@ -866,12 +870,15 @@ async fn join_cluster(ctx: JoinCtx, mut shutdown: watch::Receiver<bool>) {
 async fn watch_metrics(
     raft: RaftHandle,
     metrics: Arc<Metrics>,
+    mut snapshots: SnapshotSchedule,
     leader: watch::Sender<Option<NodeId>>,
     quorum_ack: watch::Sender<QuorumAck>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut rx = raft.metrics();
     let mut last_leader = None;
+    // This node's snapshot phase, recomputed when the membership changes.
+    let mut phase = (None, 0);
     loop {
         {
             let m = rx.borrow_and_update().clone();
@@ -892,6 +899,21 @@ async fn watch_metrics(
                 (true, true) => QuorumAck::Acked(term),
             };
             quorum_ack.send_if_modified(|a| std::mem::replace(a, ack) != ack);
+            let applied = m.last_applied.as_ref().map_or(0, |l| l.index);
+            let snapshot = m.snapshot.as_ref().map_or(0, |l| l.index);
+            let membership = m.membership_config.log_id().as_ref().map(|l| l.index);
+            if phase.0 != Some(membership) {
+                phase = (Some(membership), snapshots.offset(m.membership_config.nodes().map(|(id, _)| *id)));
+            }
+            let offset = phase.1;
+            if snapshots.due(applied, snapshot, offset, crate::clock::Instant::now()) {
+                tracing::debug!(applied, snapshot, offset, "snapshot due");
+                // Refused only once raft has stopped; the metrics channel
+                // then closes and ends this loop.
+                if let Err(error) = raft.trigger().snapshot().await {
+                    tracing::debug!(%error, "snapshot request refused");
+                }
+            }
         }
         tokio::select! {
             _ = shutdown.changed() => return,

@@ -67,3 +67,40 @@ async fn t53_a_lagging_follower_catches_up_from_a_snapshot() {
     check_all(&h.ops());
     c.shutdown().await;
 }
+
+/// Each member builds its snapshots at its own phase of the period (the
+/// members ordered by id, spread evenly), not all at the same index at the
+/// same moment as openraft's `LogsSinceLast` policy would have them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t53_members_build_their_snapshots_at_staggered_indexes() {
+    const EVERY: u64 = 300;
+    let c = Cluster::start_with(3, |cfg| cfg.snapshot_every = EVERY).await;
+    let h = History::new();
+    let leader = c.leader(TIMEOUT).await;
+    // ~900 entries: three periods, so every member builds at least twice.
+    for i in 0..450 {
+        let resource = format!("stagger/{i}");
+        let g = c.acquire(&h, leader, &resource, &format!("stagger-request-{i:04}"), 60_000, 0).await.expect("acquire");
+        c.release(&h, leader, &resource, &g.lease_id).await.expect("release");
+    }
+    let mut ids = c.ids();
+    ids.sort_unstable();
+    let snapshots = eventually("every member built a snapshot past its first period", TIMEOUT, || async {
+        let at: Vec<u64> = ids.iter().map(|id| c.node(*id).service().status().snapshot_index).collect();
+        at.iter().all(|s| *s > EVERY).then_some(at)
+    })
+    .await;
+    for (rank, (id, at)) in ids.iter().zip(&snapshots).enumerate() {
+        let phase = rank as u64 * EVERY / ids.len() as u64;
+        // A build snapshots what is applied when it starts: a few entries
+        // past the mark. Builds at a common index would be a third or two
+        // thirds of a period off for two of the three.
+        let past = (at + EVERY - phase) % EVERY;
+        assert!(
+            past < EVERY / 6,
+            "node {id} (rank {rank}) snapshotted at {at}, {past} past its phase {phase}: {snapshots:?}"
+        );
+    }
+    check_all(&h.ops());
+    c.shutdown().await;
+}
