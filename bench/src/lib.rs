@@ -175,7 +175,7 @@ pub struct BenchArgs {
     kill_at: Option<Duration>,
 
     /// --snapshot-every of the cluster's nodes (default of `fencer coordinator`).
-    #[arg(long, default_value_t = 50_000)]
+    #[arg(long, default_value_t = fencer_coordinator::DEFAULT_SNAPSHOT_EVERY)]
     snapshot_every: u64,
 
     /// --snapshot-every in the snapshot scenario (the coordinator's minimum is 100).

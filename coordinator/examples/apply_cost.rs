@@ -3,7 +3,8 @@
 //! ended-lease tables filled for their 2-minute retention (~240,000 records
 //! each), then an uncontended acquire and release mix — what every node's
 //! state machine does 4,000 times a second at the seed rate. A snapshot
-//! clone is taken every 50,000 entries, as the coordinator's default, so
+//! clone is taken every 50,000 entries (the coordinator's default when the
+//! figures in docs/performance.md were taken; 100,000 since), so
 //! the copy-on-write of the persistent maps is in the figure too.
 //!
 //! ```text

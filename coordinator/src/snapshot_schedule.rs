@@ -9,9 +9,9 @@
 //! policy to `Never` and triggers the builds itself: still one every
 //! `snapshot_every` entries per node, but each member at its own phase, the
 //! members (voters and learners, ordered by id) spread evenly over the
-//! period. With three nodes and the default 50,000, the first builds at
-//! indexes ≡ 0, the second at ≡ 16,666 and the third at ≡ 33,333 modulo
-//! 50,000.
+//! period. With three nodes and the default 100,000, the first builds at
+//! indexes ≡ 0, the second at ≡ 33,333 and the third at ≡ 66,666 modulo
+//! 100,000.
 
 use std::time::Duration;
 

@@ -231,8 +231,10 @@ pub(crate) struct CoordinatorArgs {
     election_timeout: Duration,
 
     /// Build a snapshot (and purge the log behind it) every this many entries
-    /// (at least 100).
-    #[arg(long, env = "FENCER_SNAPSHOT_EVERY", default_value_t = 50_000,
+    /// (at least 100), each member at its own phase of the period. Lower:
+    /// quicker restarts (a restart replays up to 1.25 periods of log), more
+    /// CPU (docs/coordinator.md, "The state").
+    #[arg(long, env = "FENCER_SNAPSHOT_EVERY", default_value_t = fencer_coordinator::DEFAULT_SNAPSHOT_EVERY,
           value_parser = clap::value_parser!(u64).range(100..))]
     snapshot_every: u64,
 
@@ -376,6 +378,7 @@ mod tests {
         assert_eq!(cli.args.heartbeat, fencer_coordinator::DEFAULT_HEARTBEAT);
         assert_eq!(cli.args.election_timeout, fencer_coordinator::DEFAULT_ELECTION_TIMEOUT);
         assert_eq!(cli.args.replication_interval, fencer_coordinator::DEFAULT_REPLICATION_INTERVAL);
+        assert_eq!(cli.args.snapshot_every, fencer_coordinator::DEFAULT_SNAPSHOT_EVERY);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(cli.args.worker_threads(), (cpus / 2).max(1), "half the CPUs by default");
         let cli = Cli::try_parse_from(["fencer", "--data-dir", "d", "--worker-threads", "3"]).unwrap();
