@@ -127,7 +127,7 @@ pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(150);
 pub const DEFAULT_REPLICATION_INTERVAL: Duration = Duration::from_millis(4);
 
 /// Default snapshot period in log entries (`--snapshot-every`), etcd's
-/// default too. Against 50,000 at the seed workload: half the builds, 1.5–4 µs
+/// default too. Against 50,000 at the seed workload: half the builds, 2–4 µs
 /// less CPU per operation on every node and a lower tail, for a restart
 /// that replays up to ~125,000 entries (~0.7 s) and a log on disk about
 /// twice as long (issue 18; docs/performance.md, "The snapshot period").
