@@ -885,8 +885,6 @@ async fn watch_metrics(
 ) {
     let mut rx = raft.metrics();
     let mut last_leader = None;
-    // This node's snapshot phase, recomputed when the membership changes.
-    let mut phase = (None, 0);
     loop {
         {
             let m = rx.borrow_and_update().clone();
@@ -909,13 +907,9 @@ async fn watch_metrics(
             quorum_ack.send_if_modified(|a| std::mem::replace(a, ack) != ack);
             let applied = m.last_applied.as_ref().map_or(0, |l| l.index);
             let snapshot = m.snapshot.as_ref().map_or(0, |l| l.index);
-            let membership = m.membership_config.log_id().as_ref().map(|l| l.index);
-            if phase.0 != Some(membership) {
-                phase = (Some(membership), snapshots.offset(m.membership_config.nodes().map(|(id, _)| *id)));
-            }
-            let offset = phase.1;
-            if snapshots.due(applied, snapshot, offset, crate::clock::Instant::now()) {
-                tracing::debug!(applied, snapshot, offset, "snapshot due");
+            let members = m.membership_config.nodes().map(|(id, _)| *id);
+            if snapshots.due(applied, snapshot, members, crate::clock::Instant::now()) {
+                tracing::debug!(applied, snapshot, "snapshot due");
                 // Refused only once raft has stopped; the metrics channel
                 // then closes and ends this loop.
                 if let Err(error) = raft.trigger().snapshot().await {

@@ -43,18 +43,19 @@ impl SnapshotSchedule {
         Self { every: every.max(1), me, asked: None }
     }
 
-    /// This node's phase: its rank among `members` (its own id included or
-    /// not) times the period over their number.
+    /// This node's phase: its rank among `members` (distinct ids, its own
+    /// included or not) times the period over their number. Counted, not
+    /// sorted: it runs on every change of raft's metrics.
     pub(crate) fn offset(&self, members: impl IntoIterator<Item = NodeId>) -> u64 {
-        let mut ids: Vec<NodeId> = members.into_iter().collect();
-        if !ids.contains(&self.me) {
-            ids.push(self.me);
+        let (mut below, mut count, mut listed) = (0u128, 0u128, false);
+        for id in members {
+            count += 1;
+            below += u128::from(id < self.me);
+            listed |= id == self.me;
         }
-        ids.sort_unstable();
-        ids.dedup();
-        let rank = ids.iter().position(|id| *id == self.me).unwrap_or(0) as u128;
-        // rank < len, so the quotient is below `every` and fits.
-        (rank * u128::from(self.every) / ids.len() as u128) as u64
+        count += u128::from(!listed);
+        // below < count, so the quotient is below `every` and fits.
+        (below * u128::from(self.every) / count) as u64
     }
 
     /// The first index at which this node builds after a snapshot at
@@ -67,11 +68,18 @@ impl SnapshotSchedule {
         from.saturating_add(ahead)
     }
 
-    /// Whether to ask for a build now: the applied index has reached the
-    /// next mark and the same mark was not asked for within [`RETRY_AFTER`].
-    /// Records the request when it answers true.
-    pub(crate) fn due(&mut self, applied: u64, snapshot: u64, offset: u64, now: Instant) -> bool {
-        let mark = self.next_mark(offset, snapshot);
+    /// Whether to ask for a build now, with the cluster's `members`: the
+    /// applied index has reached this node's next mark and the same mark
+    /// was not asked for within [`RETRY_AFTER`]. Records the request when
+    /// it answers true.
+    pub(crate) fn due(
+        &mut self,
+        applied: u64,
+        snapshot: u64,
+        members: impl IntoIterator<Item = NodeId>,
+        now: Instant,
+    ) -> bool {
+        let mark = self.next_mark(self.offset(members), snapshot);
         if applied < mark {
             return false;
         }
@@ -115,13 +123,17 @@ mod tests {
     fn t03_asks_once_per_mark_until_the_retry_delay() {
         let mut s = SnapshotSchedule::new(100, 1);
         let t = Instant::now();
-        assert!(!s.due(99, 0, 0, t));
-        assert!(s.due(100, 0, 0, t));
-        assert!(!s.due(130, 0, 0, t + Duration::from_millis(500)));
-        assert!(s.due(140, 0, 0, t + RETRY_AFTER));
+        assert!(!s.due(99, 0, [1], t));
+        assert!(s.due(100, 0, [1], t));
+        assert!(!s.due(130, 0, [1], t + Duration::from_millis(500)));
+        assert!(s.due(140, 0, [1], t + RETRY_AFTER));
         // Built at 140: the next mark is 200.
-        assert!(!s.due(199, 140, 0, t + RETRY_AFTER));
-        assert!(s.due(200, 140, 0, t + RETRY_AFTER));
+        assert!(!s.due(199, 140, [1], t + RETRY_AFTER));
+        assert!(s.due(200, 140, [1], t + RETRY_AFTER));
+        // The second of two members builds half a period later.
+        let mut second = SnapshotSchedule::new(100, 2);
+        assert!(!second.due(49, 0, [1, 2], t));
+        assert!(second.due(50, 0, [1, 2], t));
     }
 
     proptest! {
