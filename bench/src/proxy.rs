@@ -16,6 +16,13 @@
 //! process and its cores, so when they are CPU-bound the throughput ratio
 //! is the ratio of these costs, and the proxy's cost splits into what any
 //! forwarder on this HTTP stack pays and what the fence adds.
+//!
+//! A fourth path bounds every proxy, on any stack: a raw TCP relay (each
+//! client connection gets its own upstream connection, and the bytes are
+//! copied both ways by tokio's `copy_bidirectional`; no HTTP, no fence).
+//! A proxy that reads a request before it forwards it makes at least these
+//! reads and writes, so the relay's share of direct throughput is the most
+//! any proxy measured this way can reach on the machine.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -124,6 +131,34 @@ impl Server {
             }
         })
         .await
+    }
+
+    /// A raw TCP relay to `upstream`: one upstream connection per client
+    /// connection, bytes copied both ways until either side closes.
+    async fn raw_relay(upstream: SocketAddr) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                tokio::select! {
+                    _ = stopped.changed() => break,
+                    accepted = listener.accept() => {
+                        let Ok((mut client, _)) = accepted else { continue };
+                        let _ = client.set_nodelay(true);
+                        conns.spawn(async move {
+                            let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else { return };
+                            let _ = server.set_nodelay(true);
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        });
+                    }
+                }
+                while conns.try_join_next().is_some() {}
+            }
+            conns.abort_all();
+        });
+        Ok(Self { addr, stop, task })
     }
 
     async fn stop(self) {
@@ -258,6 +293,7 @@ pub(crate) async fn run(
 ) -> anyhow::Result<ProxyReport> {
     let upstream = Server::upstream().await?;
     let bare = Server::bare_forwarder(upstream.addr).await?;
+    let relay = Server::raw_relay(upstream.addr).await?;
     std::fs::create_dir_all(base)?;
     let dir = tempfile::Builder::new().prefix("proxy-bench-").tempdir_in(base)?;
     let mut config = ProxyConfig::simple(SimpleConfig {
@@ -301,28 +337,32 @@ pub(crate) async fn run(
         // 40 % more CPU per request than one measured without (2026-12-03).
         drop(writer);
         let writer = Writer::new();
-        for addr in [upstream.addr, proxy.local_addr(), bare.addr] {
+        for addr in [upstream.addr, proxy.local_addr(), bare.addr, relay.addr] {
             let _ = closed_loop(&writer, addr, concurrency, Duration::from_secs(1)).await;
         }
         let direct = closed_loop_cpu(&writer, upstream.addr, concurrency, duration).await;
         let proxied = closed_loop_cpu(&writer, proxy.local_addr(), concurrency, duration).await;
         let bare_run = closed_loop_cpu(&writer, bare.addr, concurrency, duration).await;
+        let relay_run = closed_loop_cpu(&writer, relay.addr, concurrency, duration).await;
         eprintln!(
-            "[proxy] max throughput: direct {:.0}/s, through the proxy {:.0}/s, through a bare hyper forwarder {:.0}/s; CPU per request {:.1} / {:.1} / {:.1} µs",
+            "[proxy] max throughput: direct {:.0}/s, through the proxy {:.0}/s, through a bare hyper forwarder {:.0}/s, through a raw TCP relay {:.0}/s; CPU per request {:.1} / {:.1} / {:.1} / {:.1} µs",
             direct.result.per_s,
             proxied.result.per_s,
             bare_run.result.per_s,
+            relay_run.result.per_s,
             direct.cpu_us_per_request,
             proxied.cpu_us_per_request,
-            bare_run.cpu_us_per_request
+            bare_run.cpu_us_per_request,
+            relay_run.cpu_us_per_request
         );
-        report.throughput = Some(ProxyThroughput { concurrency, direct, proxy: proxied, bare: bare_run });
+        report.throughput = Some(ProxyThroughput { concurrency, direct, proxy: proxied, bare: bare_run, relay: relay_run });
         report.seconds_per_run = duration.as_secs_f64();
         anyhow::Ok(report)
     }
     .await;
     proxy.shutdown().await;
     bare.stop().await;
+    relay.stop().await;
     upstream.stop().await;
     result
 }

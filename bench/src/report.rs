@@ -332,8 +332,8 @@ pub(crate) struct ProxyRate {
     pub(crate) warm_up_p99_ms: [f64; 2],
 }
 
-/// Closed-loop maximum throughput, direct, through the proxy and through a
-/// bare hyper forwarder.
+/// Closed-loop maximum throughput, direct, through the proxy, through a
+/// bare hyper forwarder and through a raw TCP relay.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ProxyThroughput {
     pub(crate) concurrency: usize,
@@ -342,6 +342,10 @@ pub(crate) struct ProxyThroughput {
     /// The same writes through hyper's server and pooled client with no
     /// fence: what a forwarder on this HTTP stack costs at least.
     pub(crate) bare: ClosedRun,
+    /// The same writes through a raw TCP relay (bytes copied both ways, one
+    /// upstream connection per client connection, no HTTP): the least any
+    /// proxy that reads the request costs, on any stack.
+    pub(crate) relay: ClosedRun,
 }
 
 /// One closed-loop path, and the bench process's CPU per completed request
@@ -815,6 +819,7 @@ impl Report {
                 ("direct", &t.direct),
                 ("through `fencer proxy`", &t.proxy),
                 ("through a bare hyper forwarder (no fence)", &t.bare),
+                ("through a raw TCP relay (no HTTP, no fence)", &t.relay),
             ];
             for (path, run) in rows {
                 let r = &run.result;
@@ -834,6 +839,11 @@ impl Report {
                 "\nThe fence's own CPU (proxy − bare forwarder): **{:+.1} µs/request** of the proxy's {:+.1}.",
                 cpu(&t.proxy) - cpu(&t.bare),
                 cpu(&t.proxy) - cpu(&t.direct)
+            );
+            let _ = writeln!(
+                o,
+                "The raw relay's share, **{:.0} %**, bounds any proxy that reads each request before forwarding it, measured this way on this machine.",
+                100.0 * t.relay.result.per_s / t.direct.result.per_s.max(1e-9)
             );
         }
     }
@@ -1024,6 +1034,7 @@ mod tests {
                 direct: ClosedRun { result: result(60_000.0), cpu_us_per_request: 30.0 },
                 proxy: ClosedRun { result: result(24_000.0), cpu_us_per_request: 80.0 },
                 bare: ClosedRun { result: result(30_000.0), cpu_us_per_request: 65.0 },
+                relay: ClosedRun { result: result(42_000.0), cpu_us_per_request: 43.0 },
             }),
         });
         let md = report.markdown();
@@ -1031,6 +1042,8 @@ mod tests {
         assert!(md.contains("| through `fencer proxy` | **24000** | 40 % | 0.00 | 0 | 80.0 | +50.0 |"), "{md}");
         assert!(md.contains("| through a bare hyper forwarder (no fence) | **30000** | 50 % |"), "{md}");
         assert!(md.contains("(proxy − bare forwarder): **+15.0 µs/request** of the proxy's +50.0"), "{md}");
+        assert!(md.contains("| through a raw TCP relay (no HTTP, no fence) | **42000** | 70 % |"), "{md}");
+        assert!(md.contains("The raw relay's share, **70 %**, bounds"), "{md}");
         let json = serde_json::to_value(&report).unwrap();
         let proxied = &json["proxy"]["throughput"]["proxy"];
         assert_eq!((proxied["per_s"].as_f64(), proxied["cpu_us_per_request"].as_f64()), (Some(24_000.0), Some(80.0)));
