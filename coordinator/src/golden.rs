@@ -9,7 +9,6 @@
 //! keeps the format. A deliberate format change adds a new format (see
 //! `store`'s snapshot formats) and new golden bytes; it never edits these.
 
-use std::io::Cursor;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -23,7 +22,7 @@ use crate::signing::KeyRegistration;
 use crate::{
     AcquireCmd, AcquireFingerprint, AuditText, Clock, Command, DedupOutcome, DedupRecord, Holder, KeyChange,
     KeyRefusal, LeaseId, LogCommand, Metrics, NoObserver, Quota, RequestId, ResourceHash, ResourceName, SNAPSHOT_DIR,
-    STATE_FILE, StateMachineStore, TypeConfig,
+    STATE_FILE, SnapshotBody, StateMachineStore, TypeConfig,
 };
 
 fn hex(bytes: &[u8]) -> String {
@@ -269,7 +268,7 @@ async fn a_snapshot_keeps_its_bytes() {
         assert_eq!(state.signing_keys().len(), 1);
     }
     let snapshot = sm.build_snapshot().await.unwrap();
-    let body = snapshot.snapshot.into_inner();
+    let body = snapshot.snapshot.into_bytes().await.unwrap();
     assert_golden("snapshot body", &body, GOLDEN_SNAPSHOT_BODY_DEDUP_V2);
     let file = snapshot_file(dir.path());
     assert!(file.ends_with(&body), "the file ends with the body");
@@ -278,10 +277,14 @@ async fn a_snapshot_keeps_its_bytes() {
     // The body installs on a fresh store and gives the same state.
     let other = tempfile::TempDir::new().unwrap();
     let mut fresh = open_store(other.path());
-    fresh.install_snapshot(&snapshot.meta, Cursor::new(body.clone())).await.unwrap();
+    fresh.install_snapshot(&snapshot.meta, SnapshotBody::from_bytes(body.clone())).await.unwrap();
     assert_eq!(*fresh.read(), *sm.read(), "the installed state is the built one");
     let again = fresh.build_snapshot().await.unwrap();
-    assert_golden("snapshot body rebuilt after install", again.snapshot.get_ref(), GOLDEN_SNAPSHOT_BODY_DEDUP_V2);
+    assert_golden(
+        "snapshot body rebuilt after install",
+        &again.snapshot.into_bytes().await.unwrap(),
+        GOLDEN_SNAPSHOT_BODY_DEDUP_V2,
+    );
 
     // A body of the same commands from before dedup records carried their
     // fingerprint (version 1, GOLDEN_SNAPSHOT_BODY: a leader or a file not
@@ -290,7 +293,7 @@ async fn a_snapshot_keeps_its_bytes() {
     let old = tempfile::TempDir::new().unwrap();
     let mut from_old = open_store(old.path());
     let old_body = unhex(GOLDEN_SNAPSHOT_BODY);
-    from_old.install_snapshot(&snapshot.meta, Cursor::new(old_body)).await.unwrap();
+    from_old.install_snapshot(&snapshot.meta, SnapshotBody::from_bytes(old_body)).await.unwrap();
     {
         let (a, b) = (from_old.read(), sm.read());
         assert_eq!(a.resources(), b.resources());
@@ -302,7 +305,7 @@ async fn a_snapshot_keeps_its_bytes() {
         assert_eq!(installed, expected, "version-1 records, without fingerprints");
     }
     let rebuilt = from_old.build_snapshot().await.unwrap();
-    assert_golden("a version-1 body rebuilt", rebuilt.snapshot.get_ref(), GOLDEN_SNAPSHOT_BODY);
+    assert_golden("a version-1 body rebuilt", &rebuilt.snapshot.into_bytes().await.unwrap(), GOLDEN_SNAPSHOT_BODY);
 }
 
 fn open_store(dir: &Path) -> StateMachineStore {

@@ -137,7 +137,7 @@ pub use self::state_machine::{
     Rejection, RequestKey, ResourceHash, ResourceState, Reuse, SigningKeyRecord, Waiter, current_signing_key,
 };
 pub use self::store::{
-    ApplyObserver, LEGACY_LOG_FILE, LOG_DIR, LogReader, LogStore, NoObserver, SNAPSHOT_DIR, STATE_FILE,
+    ApplyObserver, LEGACY_LOG_FILE, LOG_DIR, LogReader, LogStore, NoObserver, SNAPSHOT_DIR, STATE_FILE, SnapshotBody,
     StateMachineStore, WalOptions,
 };
 pub use self::tenants::{Authenticator, Caller, Permission, Tenant, Tenants, TenantsError, bearer_token_sha256};

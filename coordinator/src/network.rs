@@ -7,7 +7,6 @@
 //! or disturb the wrong cluster. A [`Faults`] hook lets the test harness drop,
 //! delay or cut messages without touching sockets.
 
-use std::io::Cursor;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,12 +29,12 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::bootstrap::ClusterId;
 use crate::clock::LastSeen;
 use crate::raft::{RaftHandle, TypeConfig};
-use crate::store::{decode, encode};
+use crate::store::{SnapshotBody, decode, encode};
 use crate::tls::{ConnInfo, peer_endpoint};
 use crate::types::NodeId;
 
 type Vote = <TypeConfig as openraft::RaftTypeConfig>::Vote;
-type Snapshot = openraft::alias::SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;
+type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotBody>;
 type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
 
 /// Snapshot chunk size on the wire.
@@ -290,7 +289,7 @@ impl<S: futures::Stream + Unpin> futures::Stream for Paced<S> {
 }
 
 impl RaftNetworkV2<TypeConfig> for PeerClient {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotBody;
 
     fn stream_append<'s, S>(
         &'s mut self,
@@ -378,7 +377,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         }
         let header =
             encode(&(vote, snapshot.meta.clone())).map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
-        let data = snapshot.snapshot.into_inner();
+        let data = snapshot.snapshot.into_bytes().await.map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         let (cluster_id, from, to) = (self.cluster_id.to_text(), self.from, self.target);
         let chunk =
             |data: Vec<u8>| SnapshotChunk { cluster_id: cluster_id.clone(), from, to, header: Vec::new(), data };
@@ -582,7 +581,7 @@ impl RaftRpc for RaftService {
             return Err(Status::invalid_argument("empty snapshot stream"));
         };
         self.not_mine("install_snapshot", from, &vote)?;
-        let snapshot = Snapshot { meta, snapshot: Cursor::new(data) };
+        let snapshot = Snapshot { meta, snapshot: SnapshotBody::from_bytes(data) };
         self.reply(self.raft.install_full_snapshot(vote, snapshot).await.map_err(|e| e.to_string()))
     }
 

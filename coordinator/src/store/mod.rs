@@ -12,8 +12,6 @@
 //!   installing, snapshot files.
 //! - `codec` — postcard, with errors that name what failed.
 
-use std::io::Cursor;
-
 use openraft::{LogId, StoredMembership};
 
 use crate::raft::TypeConfig;
@@ -31,6 +29,7 @@ mod wal;
 pub(crate) use self::codec::{decode, encode};
 pub use self::log_store::{LEGACY_LOG_FILE, LogReader, LogStore};
 pub use self::sm_store::{ApplyObserver, NoObserver, StateMachineStore};
+pub use self::snapshot::SnapshotBody;
 pub use self::wal::{LOG_DIR, WalOptions};
 
 /// File name of the state machine inside a data dir.
@@ -41,4 +40,4 @@ pub const SNAPSHOT_DIR: &str = "snapshots";
 type LogIdT = LogId<openraft::alias::CommittedLeaderIdOf<TypeConfig>>;
 type Membership = StoredMembership<openraft::alias::CommittedLeaderIdOf<TypeConfig>, u64, openraft::BasicNode>;
 type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
-type Snapshot = openraft::alias::SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;
+type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotBody>;

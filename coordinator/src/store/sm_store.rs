@@ -22,7 +22,7 @@
 //! (`state.redb`, written every 25 ms); it is moved into a snapshot file the
 //! first time the store opens and then removed.
 
-use std::io::{self, Cursor};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::codec::io_err;
 use super::persister::{PERSIST_QUEUE, PersistOp, Persister, persister_gone};
-use super::snapshot::{build, current_snapshot, install, open_state};
+use super::snapshot::{SnapshotBody, build, current_snapshot, install, open_state};
 use super::{LogIdT, Membership, Snapshot, SnapshotMeta};
 use crate::audit::{AuditLog, AuditRecord, records_for};
 use crate::clock::Clock;
@@ -260,7 +260,7 @@ fn apply_in_memory(shared: &Shared, items: Vec<(LogIdT, Item)>) -> io::Result<(V
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotBody;
     type SnapshotBuilder = SnapshotView;
 
     async fn applied_state(&mut self) -> Result<(Option<LogIdT>, Membership), io::Error> {
@@ -312,7 +312,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Self::SnapshotData) -> Result<(), io::Error> {
-        install(&self.shared, meta.clone(), snapshot.into_inner()).await
+        install(&self.shared, meta.clone(), snapshot.into_bytes().await?).await
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
@@ -328,7 +328,7 @@ pub struct SnapshotView {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotView {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotBody;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         // A clone (O(1)), not a take: building twice must write the same state.
