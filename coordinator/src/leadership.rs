@@ -224,12 +224,29 @@ impl Duties {
         tasks.shutdown().await;
     }
 
-    /// Waits (bounded) until this leader has applied everything it inherited.
+    /// Waits (bounded) until this leader has applied everything it inherited
+    /// and everything it appended itself.
+    ///
+    /// The second half matters when a leader takes over again after losing
+    /// its quorum (`Degraded`): an `Expire` it proposed while it was ready
+    /// may still sit in its log, uncommitted, its waiter dropped. A quorum
+    /// read (ReadIndex) waits only for what was committed; the takeover would
+    /// then restart that lease's deadline, a renewal without a log entry
+    /// would succeed, and the old `Expire` would commit after it (its basis
+    /// index cannot see such a renewal) and end a lease just reported
+    /// renewed: two holders (I1; found by a 15-minute history run). The
+    /// last log index is read through the raft core, after any proposal sent
+    /// before (its queue is in order).
     fn linearize(&self) -> JoinHandle<bool> {
         let raft = self.svc.inner.raft.clone();
         let limit = self.svc.policy().write_timeout;
         tokio::spawn(async move {
-            matches!(tokio::time::timeout(limit, raft.ensure_linearizable(ReadPolicy::ReadIndex)).await, Ok(Ok(_)))
+            let caught_up = async {
+                raft.ensure_linearizable(ReadPolicy::ReadIndex).await.ok()?;
+                let last = raft.with_raft_state(|st| st.log_ids.last().map(|l| l.index)).await.ok()?;
+                raft.wait(None).applied_index_at_least(last, "this leader's own log applied").await.ok()
+            };
+            matches!(tokio::time::timeout(limit, caught_up).await, Ok(Some(_)))
         })
     }
 

@@ -68,6 +68,12 @@ pub trait Faults: Send + Sync + 'static {
     fn request(&self, from: NodeId, to: NodeId) -> FaultAction;
     /// Decides the fate of the reply to `from` after `to` processed the request.
     fn reply(&self, from: NodeId, to: NodeId) -> FaultAction;
+    /// Decides, after [`request`](Self::request) let it pass, the fate of an
+    /// append that carries entries (heartbeats carry none): a test can hold
+    /// the log back while the leader is still acknowledged.
+    fn entries(&self, _from: NodeId, _to: NodeId) -> FaultAction {
+        FaultAction::Pass
+    }
 }
 
 /// Builds one [`PeerClient`] per target node.
@@ -316,6 +322,9 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         let ttl = append_deadline(&rpc, option.hard_ttl());
+        if let Some(f) = self.faults.as_ref().filter(|_| !rpc.entries.is_empty()) {
+            self.fault(f.entries(self.from, self.target), "append_entries with entries").await?;
+        }
         self.call("append_entries", &rpc, ttl, |mut c, r| async move { c.append_entries(r).await }).await
     }
 

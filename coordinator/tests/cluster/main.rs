@@ -9,6 +9,7 @@
 //!   replacing a dead node.
 //! - `t53_snapshot` — a lagging follower caught up from a snapshot.
 //! - `t54_readiness` — readiness flips on quorum loss and back.
+//! - `t90_regression` — bugs found by the history runs, one test each.
 //!
 //! The harness runs one cluster at a time per binary, so the tests of this
 //! area take turns as they did in separate binaries.
@@ -18,3 +19,4 @@ mod t51_failover;
 mod t52_bootstrap;
 mod t53_snapshot;
 mod t54_readiness;
+mod t90_regression;

@@ -31,6 +31,8 @@ struct NetRules {
     dropped: BTreeSet<(NodeId, NodeId)>,
     /// Directions on which every message is late.
     delayed: BTreeMap<(NodeId, NodeId), Duration>,
+    /// Directions on which appends carrying entries are lost (heartbeats pass).
+    held: BTreeSet<(NodeId, NodeId)>,
 }
 
 impl NetFaults {
@@ -65,6 +67,13 @@ impl NetFaults {
         self.rules().delayed.insert((from, to), d);
     }
 
+    /// Appends from `from` to `to` that carry entries are lost; heartbeats
+    /// (and their replies) pass, so `from` stays acknowledged as leader
+    /// while nothing it appends commits.
+    pub fn hold_entries(&self, from: NodeId, to: NodeId) {
+        self.rules().held.insert((from, to));
+    }
+
     /// Every rule removed.
     pub fn heal(&self) {
         *self.rules() = NetRules::default();
@@ -79,6 +88,10 @@ impl Faults for NetFaults {
     /// The reply to `from`'s request travels `to → from`.
     fn reply(&self, from: NodeId, to: NodeId) -> FaultAction {
         self.judge(to, from)
+    }
+
+    fn entries(&self, from: NodeId, to: NodeId) -> FaultAction {
+        if self.rules().held.contains(&(from, to)) { FaultAction::Drop } else { FaultAction::Pass }
     }
 }
 

@@ -221,6 +221,12 @@ impl Cluster {
         self.net.delay(from, to, d);
     }
 
+    /// Appends carrying entries from `from` to `to` are lost; heartbeats
+    /// pass (see [`NetFaults::hold_entries`]).
+    pub fn hold_entries(&self, from: NodeId, to: NodeId) {
+        self.net.hold_entries(from, to);
+    }
+
     /// The next client response from `n` is lost after `n` answered.
     pub fn drop_response_after_commit(&self, n: NodeId) {
         self.client_faults.drop_response_after_commit(n);
