@@ -68,9 +68,9 @@ pub trait Faults: Send + Sync + 'static {
     fn request(&self, from: NodeId, to: NodeId) -> FaultAction;
     /// Decides the fate of the reply to `from` after `to` processed the request.
     fn reply(&self, from: NodeId, to: NodeId) -> FaultAction;
-    /// Decides, after [`request`](Self::request) let it pass, the fate of an
-    /// append that carries entries (heartbeats carry none): a test can hold
-    /// the log back while the leader is still acknowledged.
+    /// Decides the fate of an append that carries entries (heartbeats carry
+    /// none), judged before [`request`](Self::request): a test can hold the
+    /// log back while the leader is still acknowledged.
     fn entries(&self, _from: NodeId, _to: NodeId) -> FaultAction {
         FaultAction::Pass
     }
