@@ -345,6 +345,9 @@ fn latest_snapshot(dir: &Path) -> io::Result<Option<PathBuf>> {
 /// A snapshot file is written and synced this much at a time.
 const SNAPSHOT_SYNC_CHUNK: usize = 4 << 20;
 
+/// The buffer between the encoder and a snapshot file.
+const SNAPSHOT_WRITE_BUFFER: usize = 256 << 10;
+
 /// The snapshot file being written: buffered, and synced every
 /// [`SNAPSHOT_SYNC_CHUNK`] bytes. Written whole and synced once, ~30 MB of
 /// dirty pages went to the disk in one burst and the raft log's
@@ -354,13 +357,17 @@ struct ChunkSynced {
     out: std::io::BufWriter<std::fs::File>,
     path: PathBuf,
     unsynced: usize,
-    written: u64,
     /// The first write or sync error, named with the file (postcard, which
     /// encodes into this writer, keeps only that a write failed).
     failure: Option<io::Error>,
 }
 
 impl ChunkSynced {
+    /// Writes to `file` (named `path` in errors) through a buffer of `buffer` bytes.
+    fn new(file: std::fs::File, path: PathBuf, buffer: usize) -> Self {
+        Self { out: std::io::BufWriter::with_capacity(buffer, file), path, unsynced: 0, failure: None }
+    }
+
     /// Names `e` with the file, keeps the first such error, and returns a
     /// copy (the kind, say `StorageFull`, is kept in both).
     fn fail(&mut self, what: &str, e: io::Error) -> io::Error {
@@ -381,7 +388,6 @@ impl ChunkSynced {
 impl io::Write for ChunkSynced {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.out.write(buf).map_err(|e| self.fail("write", e))?;
-        self.written += n as u64;
         self.unsynced += n;
         if self.unsynced >= SNAPSHOT_SYNC_CHUNK {
             self.sync()?;
@@ -413,13 +419,7 @@ fn write_snapshot_file(
         .truncate(true)
         .open(&tmp)
         .map_err(|e| io_err(&format!("create {}", tmp.display()), e))?;
-    let mut out = ChunkSynced {
-        out: std::io::BufWriter::with_capacity(256 << 10, file),
-        path: tmp.clone(),
-        unsynced: 0,
-        written: 0,
-        failure: None,
-    };
+    let mut out = ChunkSynced::new(file, tmp.clone(), SNAPSHOT_WRITE_BUFFER);
     let written = (|| {
         out.write_all(&(header.len() as u32).to_le_bytes())?;
         out.write_all(&header)?;
@@ -427,14 +427,14 @@ fn write_snapshot_file(
         out.sync()
     })();
     if let Err(e) = written {
-        let e = out.failure.take().unwrap_or(e);
+        // Every error above already names the file and keeps its kind.
         drop(out);
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    let size = out.written;
     let file = out.out.into_inner().map_err(|e| io_err(&format!("write {}", tmp.display()), e.into_error()))?;
     file.sync_all().map_err(|e| io_err(&format!("fsync {}", tmp.display()), e))?;
+    let size = file.metadata().map_err(|e| io_err(&format!("stat {}", tmp.display()), e))?.len();
     std::fs::rename(&tmp, &final_path).map_err(|e| io_err("rename snapshot", e))?;
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err("fsync snapshot dir", e))?;
     for entry in std::fs::read_dir(dir)? {
@@ -641,6 +641,14 @@ mod tests {
         )
     }
 
+    /// Applies `cmds` at indexes 1, 2, …; returns the last index.
+    async fn apply_from_one(sm: &mut StateMachineStore, cmds: Vec<Command>) -> u64 {
+        let n = cmds.len() as u64;
+        let entries = cmds.into_iter().enumerate().map(|(i, c)| Ok((entry(i as u64 + 1, c), None)));
+        sm.apply(stream::iter(entries)).await.unwrap();
+        n
+    }
+
     fn keys_cmds() -> Vec<Command> {
         let signer = fencer_token::Signer::from_secret_bytes(KeyId::new("k").unwrap(), &[9; 32]);
         vec![
@@ -658,8 +666,7 @@ mod tests {
     async fn t30_signing_keys_survive_restart_and_snapshot_install() {
         let dir = TempDir::new().unwrap();
         let mut sm = open(dir.path());
-        let entries: Vec<_> = keys_cmds().into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
-        sm.apply(stream::iter(entries.into_iter().map(|e| Ok((e, None))))).await.unwrap();
+        apply_from_one(&mut sm, keys_cmds()).await;
         let expected = sm.read().signing_keys().clone();
         assert_eq!(expected.len(), 1);
         assert_eq!(expected.values().next().unwrap().not_after_unix_ms, Some(99));
@@ -856,8 +863,7 @@ mod tests {
             lease_id: LeaseId::from_u128(u128::MAX - 1),
             max_waiters: 8,
         }));
-        let entries: Vec<_> = cmds.into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
-        sm.apply(stream::iter(entries.into_iter().map(|e| Ok((e, None))))).await.unwrap();
+        apply_from_one(&mut sm, cmds).await;
         let built = sm.build_snapshot().await.unwrap();
 
         let state = sm.read().clone();
@@ -888,9 +894,7 @@ mod tests {
         let mut sm = open(dir.path());
         let mut cmds = keys_cmds();
         cmds.push(acquire_cmd());
-        let n = cmds.len() as u64;
-        let entries: Vec<_> = cmds.into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
-        sm.apply(stream::iter(entries.into_iter().map(|e| Ok((e, None))))).await.unwrap();
+        let n = apply_from_one(&mut sm, cmds).await;
         let first = sm.build_snapshot().await.unwrap();
         let current = sm.get_current_snapshot().await.unwrap().expect("the build wrote its file");
         let on_disk = current.snapshot.into_bytes().await.unwrap();
@@ -923,14 +927,8 @@ mod tests {
         let mut sm = open(dir.path());
         sm.apply(stream::iter([Ok((entry(1, acquire_cmd()), None))])).await.unwrap();
         let state = sm.read().clone();
-        let mut out = ChunkSynced {
-            // Smaller than the body, so postcard's own writes meet the error.
-            out: std::io::BufWriter::with_capacity(8, full),
-            path: PathBuf::from("/dev/full"),
-            unsynced: 0,
-            written: 0,
-            failure: None,
-        };
+        // A buffer smaller than the body, so postcard's own writes meet the error.
+        let mut out = ChunkSynced::new(full, PathBuf::from("/dev/full"), 8);
         let e = encode_state_into(&state, &mut out).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::StorageFull, "{e}");
         let text = e.to_string();
@@ -944,8 +942,7 @@ mod tests {
         let mut sm = open(dir.path());
         let mut cmds = keys_cmds();
         cmds.push(acquire_cmd());
-        let entries: Vec<_> = cmds.into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
-        sm.apply(stream::iter(entries.into_iter().map(|e| Ok((e, None))))).await.unwrap();
+        apply_from_one(&mut sm, cmds).await;
         let state = sm.read().clone();
         let mut view = sm.get_snapshot_builder().await;
         let first = view.build_snapshot().await.unwrap();
