@@ -386,20 +386,22 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         }
         let header =
             encode(&(vote, snapshot.meta.clone())).map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
-        let data = snapshot.snapshot.into_bytes().await.map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
-        let (cluster_id, from, to) = (self.cluster_id.to_text(), self.from, self.target);
-        let chunk =
-            |data: Vec<u8>| SnapshotChunk { cluster_id: cluster_id.clone(), from, to, header: Vec::new(), data };
-        let mut chunks: Vec<SnapshotChunk> = data.chunks(SNAPSHOT_CHUNK).map(|c| chunk(c.to_vec())).collect();
-        if chunks.is_empty() {
-            chunks.push(chunk(Vec::new()));
-        }
-        chunks[0].header = header;
+        let blank = SnapshotChunk {
+            cluster_id: self.cluster_id.to_text(),
+            from: self.from,
+            to: self.target,
+            header: Vec::new(),
+            data: Vec::new(),
+        };
+        let (chunks, mut read_failed) = snapshot_chunks(snapshot.snapshot, header, blank, SNAPSHOT_CHUNK);
         let mut client = self.client().map_err(to_streaming)?;
-        let send = client.install_snapshot(futures::stream::iter(chunks));
+        let send = client.install_snapshot(chunks);
         let ttl = option.hard_ttl().max(Duration::from_secs(30));
         let reply = tokio::select! {
             closed = cancel => return Err(StreamingError::Closed(closed)),
+            // Dropping the call resets its stream: the follower sees an
+            // error, never a short body that ends cleanly.
+            Ok(e) = &mut read_failed => return Err(StreamingError::Network(NetworkError::new(&e))),
             r = tokio::time::timeout(ttl, send) => match r {
                 Err(_) => return Err(to_streaming(unreachable(format!("snapshot to node {} timed out", self.target)))),
                 Ok(Err(status)) => return Err(to_streaming(status_error("install_snapshot", self.target, status))),
@@ -410,6 +412,44 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             decode(&reply.data, "snapshot reply").map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         result.map_err(|remote| to_streaming(unreachable(format!("node {} refused snapshot: {remote}", self.target))))
     }
+}
+
+/// The chunks of a snapshot on the wire, read from its body one at a time
+/// (so the body is never whole in memory to be sent): the first carries
+/// `header`, every one is `blank` with its data; a body of no bytes is one
+/// chunk. A read error is sent on the returned receiver and the stream then
+/// never ends, so the caller drops the call (a reset, not a clean end of a
+/// short body).
+fn snapshot_chunks(
+    body: SnapshotBody,
+    header: Vec<u8>,
+    blank: SnapshotChunk,
+    size: usize,
+) -> (impl futures::Stream<Item = SnapshotChunk> + Send + 'static, tokio::sync::oneshot::Receiver<std::io::Error>) {
+    let (failed, read_failed) = tokio::sync::oneshot::channel();
+    let state = (body, 0u64, Some(header), Some(failed));
+    let chunks = futures::stream::unfold(state, move |(body, at, header, mut failed)| {
+        let blank = blank.clone();
+        async move {
+            if header.is_none() && at >= body.len() {
+                return None;
+            }
+            match body.read_chunk(at, size).await {
+                Ok(data) => {
+                    let next = at + data.len() as u64;
+                    let chunk = SnapshotChunk { header: header.unwrap_or_default(), data, ..blank };
+                    Some((chunk, (body, next, None, failed)))
+                }
+                Err(e) => {
+                    if let Some(failed) = failed.take() {
+                        let _ = failed.send(e);
+                    }
+                    std::future::pending().await
+                }
+            }
+        }
+    });
+    (chunks, read_failed)
 }
 
 /// The server side of the raft transport.
@@ -632,7 +672,9 @@ mod tests {
     use openraft::entry::RaftEntry as _;
     use openraft::raft::AppendEntriesRequest;
 
-    use super::{APPEND_DEADLINE, Vote, append_deadline, misrouted, own_vote};
+    use super::{
+        APPEND_DEADLINE, SnapshotBody, SnapshotChunk, Vote, append_deadline, misrouted, own_vote, snapshot_chunks,
+    };
     use crate::raft::TypeConfig;
 
     #[test]
@@ -721,5 +763,51 @@ mod tests {
         let e = misrouted(2, 2, 2).unwrap_err();
         assert!(e.contains("claims to come from node 2"), "{e}");
         assert!(misrouted(2, 2, 0).is_err());
+    }
+
+    fn blank() -> SnapshotChunk {
+        SnapshotChunk { cluster_id: "c".into(), from: 1, to: 2, header: Vec::new(), data: Vec::new() }
+    }
+
+    /// A snapshot goes out a chunk at a time, the header on the first only;
+    /// the chunks are the body, and an empty body is one chunk.
+    #[tokio::test]
+    async fn a_snapshot_is_sent_in_chunks_with_the_header_on_the_first() {
+        use futures::StreamExt as _;
+
+        let body: Vec<u8> = (0..10).collect();
+        let (chunks, _failed) = snapshot_chunks(SnapshotBody::from_bytes(body.clone()), vec![9, 9], blank(), 3);
+        let chunks: Vec<SnapshotChunk> = chunks.collect().await;
+        let sizes: Vec<usize> = chunks.iter().map(|c| c.data.len()).collect();
+        assert_eq!(sizes, [3, 3, 3, 1]);
+        assert_eq!(chunks[0].header, [9, 9]);
+        assert!(chunks[1..].iter().all(|c| c.header.is_empty()), "the header travels once");
+        assert!(chunks.iter().all(|c| c.cluster_id == "c" && c.from == 1 && c.to == 2));
+        assert_eq!(chunks.iter().flat_map(|c| c.data.clone()).collect::<Vec<u8>>(), body);
+
+        let (chunks, _failed) = snapshot_chunks(SnapshotBody::from_bytes(Vec::new()), vec![7], blank(), 3);
+        let chunks: Vec<SnapshotChunk> = chunks.collect().await;
+        assert_eq!(chunks.len(), 1, "an empty body still carries the header");
+        assert_eq!((chunks[0].header.as_slice(), chunks[0].data.len()), (&[7u8][..], 0));
+    }
+
+    /// A read error mid-body is reported, and the stream does not end: a
+    /// clean end would hand the follower a short body (the caller drops the
+    /// call instead, which resets the stream).
+    #[tokio::test]
+    async fn a_read_error_while_sending_a_snapshot_is_reported_and_never_ends_the_stream() {
+        use futures::StreamExt as _;
+
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("snapshot-00000000000000000009.bin");
+        std::fs::write(&path, [0u8; 32]).unwrap();
+        let write_only = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let body = SnapshotBody::in_file(write_only, path.clone(), 0, 32);
+        let (chunks, failed) = snapshot_chunks(body, vec![1], blank(), 8);
+        let mut chunks = Box::pin(chunks);
+        let next = tokio::time::timeout(Duration::from_millis(200), chunks.next()).await;
+        assert!(next.is_err(), "the stream must stall, not end or yield: {:?}", next.map(|c| c.map(|c| c.data)));
+        let e = failed.await.expect("the read error is reported");
+        assert!(e.to_string().contains(&path.display().to_string()), "{e}");
     }
 }

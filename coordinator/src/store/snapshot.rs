@@ -13,6 +13,7 @@
 
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use redb::{ReadableTable, TableHandle};
 use serde::{Deserialize, Serialize};
@@ -260,34 +261,60 @@ fn encode_state_into(state: &LockState, out: &mut ChunkSynced) -> io::Result<()>
     }
 }
 
-/// The newest snapshot file, its body in today's format (module docs).
+/// The newest snapshot file, its body in today's format (module docs). A
+/// format-4 body is left in its file and read when it is sent, a chunk at a
+/// time ([`SnapshotBody::read_chunk`]): sending a snapshot to a follower
+/// does not hold the ~30 MB body in memory. An older body is read whole and
+/// re-encoded.
 pub(super) async fn current_snapshot(dir: &Path) -> io::Result<Option<Snapshot>> {
     let dir = dir.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        Ok(read_latest(&dir)?.map(|(meta, body)| Snapshot { meta, snapshot: SnapshotBody::from_bytes(body) }))
-    })
-    .await
-    .map_err(|e| io_err("snapshot task", e))?
+    tokio::task::spawn_blocking(move || open_latest(&dir)).await.map_err(|e| io_err("snapshot task", e))?
+}
+
+/// The newest snapshot file as a [`Snapshot`] (see [`current_snapshot`]). Blocking.
+fn open_latest(dir: &Path) -> io::Result<Option<Snapshot>> {
+    let Some(path) = latest_snapshot(dir)? else { return Ok(None) };
+    let file = std::fs::File::open(&path).map_err(|e| io_err(&format!("open {}", path.display()), e))?;
+    let size = file.metadata().map_err(|e| io_err(&format!("stat {}", path.display()), e))?.len();
+    let (header, start) = read_header(&file, &path, size)?;
+    let named = path.display().to_string();
+    let body = SnapshotBody(Body::File { file: Arc::new(file), path, start, len: size - start });
+    let snapshot = match header.format {
+        SNAPSHOT_FORMAT => body,
+        // An older file: re-encode its body in today's format, so
+        // every body this store hands out is format 4.
+        f @ (SNAPSHOT_FORMAT_V3 | SNAPSHOT_FORMAT_V2) => {
+            SnapshotBody::from_bytes(TableDump::decode_format(&body.read_all()?, f)?.encode_body()?)
+        }
+        other => return Err(io_err("snapshot", format!("unknown format {other} in {named}"))),
+    };
+    Ok(Some(Snapshot { meta: header.meta, snapshot }))
+}
+
+/// A snapshot file's header, and where its body starts. `size` is the
+/// file's. Blocking.
+fn read_header(file: &std::fs::File, path: &Path, size: u64) -> io::Result<(SnapshotHeader, u64)> {
+    use std::os::unix::fs::FileExt as _;
+    let damaged = || io_err("snapshot", format!("{} is truncated or damaged", path.display()));
+    let read = |buf: &mut [u8], at: u64| file.read_exact_at(buf, at).map_err(|e| named(e, "read", path));
+    let mut len = [0u8; 4];
+    if size < 4 {
+        return Err(damaged());
+    }
+    read(&mut len, 0)?;
+    let len = u64::from(u32::from_le_bytes(len));
+    if 4 + len > size {
+        return Err(damaged());
+    }
+    let mut header = vec![0u8; len as usize];
+    read(&mut header, 4)?;
+    Ok((decode(&header, "snapshot header")?, 4 + len))
 }
 
 /// The newest snapshot file's meta and its body in today's format. Blocking.
 fn read_latest(dir: &Path) -> io::Result<Option<(SnapshotMeta, Vec<u8>)>> {
-    let Some(path) = latest_snapshot(dir)? else { return Ok(None) };
-    let mut bytes = std::fs::read(&path).map_err(|e| io_err(&format!("read {}", path.display()), e))?;
-    let damaged = || io_err("snapshot", format!("{} is truncated or damaged", path.display()));
-    let len = bytes.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize).ok_or_else(damaged)?;
-    let header: SnapshotHeader = decode(bytes.get(4..4 + len).ok_or_else(damaged)?, "snapshot header")?;
-    let state = bytes.split_off(4 + len);
-    let state = match header.format {
-        SNAPSHOT_FORMAT => state,
-        // An older file: re-encode its body in today's format, so
-        // every body this store hands out is format 4.
-        f @ (SNAPSHOT_FORMAT_V3 | SNAPSHOT_FORMAT_V2) => TableDump::decode_format(&state, f)?.encode_body()?,
-        other => {
-            return Err(io_err("snapshot", format!("unknown format {other} in {}", path.display())));
-        }
-    };
-    Ok(Some((header.meta, state)))
+    let Some(latest) = open_latest(dir)? else { return Ok(None) };
+    Ok(Some((latest.meta, latest.snapshot.read_all()?)))
 }
 
 /// The persisted lock state at open: the newest snapshot file's, or the
@@ -401,13 +428,13 @@ impl io::Write for ChunkSynced {
 }
 
 /// Writes a snapshot file atomically (temp file, fsync, rename, fsync dir)
-/// and removes older ones; `body` writes the body. Returns the file, open
-/// for reading, where its body starts, and the file's size. Blocking.
+/// and removes older ones; `body` writes the body. Returns the body, in
+/// the file just written. Blocking.
 fn write_snapshot_file(
     dir: &Path,
     meta: &SnapshotMeta,
     body: impl FnOnce(&mut ChunkSynced) -> io::Result<()>,
-) -> io::Result<(std::fs::File, u64, u64)> {
+) -> io::Result<SnapshotBody> {
     let index = meta.last_log_id.as_ref().map_or(0, |l| l.index);
     let header = encode(&SnapshotHeader { format: SNAPSHOT_FORMAT, meta: meta.clone() })?;
     let final_path = dir.join(snapshot_name(index));
@@ -444,22 +471,30 @@ fn write_snapshot_file(
             let _ = std::fs::remove_file(&path);
         }
     }
-    Ok((file, 4 + header.len() as u64, size))
+    let start = 4 + header.len() as u64;
+    Ok(SnapshotBody(Body::File { file: Arc::new(file), path: final_path, start, len: size - start }))
 }
 
-/// A snapshot's body as openraft carries it (`SnapshotData`): in memory
-/// when read to be sent or received to be installed; in its file when just
-/// built. openraft keeps only the meta of a build, so a build does not
-/// read its ~30 MB body back (the memory peak of every build, issue 18);
-/// the file stays readable through the open handle even after a later
-/// build removed it.
+/// A snapshot's body as openraft carries it (`SnapshotData`): in its file
+/// when built or read to be sent, in memory when received to be installed
+/// (or re-encoded from an older format). openraft keeps only the meta of a
+/// build, so a build does not read its ~30 MB body back, and a body sent to
+/// a follower is read a chunk at a time (the memory peaks of issue 18); the
+/// file stays readable through the open handle even after a later build
+/// removed it.
 #[derive(Debug)]
 pub struct SnapshotBody(Body);
 
 #[derive(Debug)]
 enum Body {
     Bytes(Vec<u8>),
-    File { file: std::fs::File, start: u64 },
+    /// `len` bytes from `start` in `file` (the file at `path` when opened).
+    File {
+        file: Arc<std::fs::File>,
+        path: PathBuf,
+        start: u64,
+        len: u64,
+    },
 }
 
 impl SnapshotBody {
@@ -467,23 +502,67 @@ impl SnapshotBody {
         Self(Body::Bytes(bytes))
     }
 
+    /// A body of `len` bytes from `start` in `file`, for tests of readers.
+    #[cfg(test)]
+    pub(crate) fn in_file(file: std::fs::File, path: PathBuf, start: u64, len: u64) -> Self {
+        Self(Body::File { file: Arc::new(file), path, start, len })
+    }
+
+    /// The body's length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        match &self.0 {
+            Body::Bytes(bytes) => bytes.len() as u64,
+            Body::File { len, .. } => *len,
+        }
+    }
+
     /// The encoded body (a format-4 body, module docs). Reads the file, on
     /// a blocking thread, when the body is in one.
     pub(crate) async fn into_bytes(self) -> io::Result<Vec<u8>> {
         match self.0 {
             Body::Bytes(bytes) => Ok(bytes),
-            Body::File { mut file, start } => tokio::task::spawn_blocking(move || {
-                use std::io::{Read as _, Seek as _};
-                let mut bytes = Vec::new();
-                file.seek(io::SeekFrom::Start(start))
-                    .and_then(|_| file.read_to_end(&mut bytes))
-                    .map_err(|e| io_err("read the built snapshot", e))?;
-                Ok(bytes)
-            })
-            .await
-            .map_err(|e| io_err("snapshot read task", e))?,
+            body @ Body::File { .. } => tokio::task::spawn_blocking(move || SnapshotBody(body).read_all())
+                .await
+                .map_err(|e| io_err("snapshot read task", e))?,
         }
     }
+
+    /// The body's bytes from `at`, at most `max` of them (fewer only at the
+    /// end; none from the end on). Reads the file, on a blocking thread,
+    /// when the body is in one; an error names the file.
+    pub(crate) async fn read_chunk(&self, at: u64, max: usize) -> io::Result<Vec<u8>> {
+        let n = self.len().saturating_sub(at).min(max as u64) as usize;
+        match &self.0 {
+            Body::Bytes(bytes) => Ok(bytes.get(at as usize..).unwrap_or_default()[..n].to_vec()),
+            Body::File { file, path, start, .. } => {
+                let (file, path, from) = (file.clone(), path.clone(), start + at);
+                tokio::task::spawn_blocking(move || read_file_range(&file, &path, from, n))
+                    .await
+                    .map_err(|e| io_err("snapshot read task", e))?
+            }
+        }
+    }
+
+    /// The whole body. Blocking.
+    fn read_all(self) -> io::Result<Vec<u8>> {
+        match self.0 {
+            Body::Bytes(bytes) => Ok(bytes),
+            Body::File { file, path, start, len } => read_file_range(&file, &path, start, len as usize),
+        }
+    }
+}
+
+/// `e`, its kind kept, with what was done to which file.
+fn named(e: io::Error, what: &str, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
+
+/// `n` bytes of `file` (opened at `path`) from `at`. Blocking.
+fn read_file_range(file: &std::fs::File, path: &Path, at: u64, n: usize) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt as _;
+    let mut buf = vec![0u8; n];
+    file.read_exact_at(&mut buf, at).map_err(|e| named(e, "read the snapshot body in", path))?;
+    Ok(buf)
 }
 
 /// The niceness of the thread that encodes and writes a snapshot.
@@ -529,19 +608,19 @@ pub(super) async fn build(shared: &Shared, state: LockState, meta: SnapshotMeta)
             let _ = tx.send(built);
         })
         .map_err(|e| io_err("spawn the snapshot thread", e))?;
-    let (file, start, size) = rx.await.map_err(|_| io_err("snapshot thread", "it ended without an answer"))??;
-    shared.metrics.snapshot_bytes.set(size as i64);
+    let body = rx.await.map_err(|_| io_err("snapshot thread", "it ended without an answer"))??;
+    shared.metrics.snapshot_bytes.set(body.len() as i64);
     shared.metrics.snapshot_build_seconds.observe(started.elapsed().as_secs_f64());
     tracing::info!(
         index = ?meta.last_log_id.as_ref().map(|l| l.index),
-        bytes = size,
+        bytes = body.len(),
         audit_sync_ms = synced.as_millis() as u64,
         total_ms = started.elapsed().as_millis() as u64,
         // The history runs count this message in the nodes' logs
         // (tests/history/workload): reword both together.
         "built snapshot"
     );
-    Ok(Snapshot { meta, snapshot: SnapshotBody(Body::File { file, start }) })
+    Ok(Snapshot { meta, snapshot: body })
 }
 
 /// Installs a snapshot: validates it, records it in the audit log, writes
@@ -913,6 +992,59 @@ mod tests {
         assert_ne!(first, second, "each build reads back its own body");
         let decoded = TableDump::decode_format(&second, SNAPSHOT_FORMAT).unwrap();
         assert_eq!(state_from_dump(&decoded).unwrap(), *sm.read());
+    }
+
+    /// What a leader sends a follower is read from the snapshot file a
+    /// chunk at a time (issue 18: the ~30 MB body was read whole, then
+    /// copied into chunks), and the chunks are exactly the built body, even
+    /// once a later build removed the file.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t33_the_current_snapshot_is_read_from_its_file_a_chunk_at_a_time() {
+        let dir = TempDir::new().unwrap();
+        let mut sm = open(dir.path());
+        let mut cmds = keys_cmds();
+        cmds.push(acquire_cmd());
+        let n = apply_from_one(&mut sm, cmds).await;
+        let built = sm.build_snapshot().await.unwrap().snapshot.into_bytes().await.unwrap();
+        let current = sm.get_current_snapshot().await.unwrap().expect("the build wrote its file");
+        assert!(matches!(current.snapshot.0, Body::File { .. }), "a format-4 file is not read to be sent");
+        assert_eq!(current.snapshot.len(), built.len() as u64);
+
+        let release =
+            Command::Release { resource: ResourceName::new("orders/1").unwrap(), lease_id: LeaseId::from_u128(7) };
+        sm.apply(stream::iter([Ok((entry(n + 1, release), None))])).await.unwrap();
+        sm.build_snapshot().await.unwrap();
+
+        // A chunk size that does not divide the body: the last chunk is short.
+        let size = 7;
+        assert_ne!(built.len() % size, 0, "the body's length is a multiple of {size}; pick another size");
+        let mut sent = Vec::new();
+        while (sent.len() as u64) < current.snapshot.len() {
+            let chunk = current.snapshot.read_chunk(sent.len() as u64, size).await.unwrap();
+            assert!(!chunk.is_empty() && chunk.len() <= size, "chunk of {} bytes", chunk.len());
+            sent.extend_from_slice(&chunk);
+        }
+        assert_eq!(sent, built, "the chunks are the built body, read through the handle after its file went");
+        let end = current.snapshot.len();
+        assert!(current.snapshot.read_chunk(end, size).await.unwrap().is_empty(), "nothing from the end");
+        assert!(current.snapshot.read_chunk(end + 10, size).await.unwrap().is_empty(), "nothing past the end");
+        let bytes = SnapshotBody::from_bytes(built.clone());
+        assert_eq!(bytes.read_chunk(3, size).await.unwrap(), built[3..3 + size], "a body in memory chunks the same");
+    }
+
+    /// A body whose file cannot be read: the error names the file and keeps
+    /// the cause's kind.
+    #[tokio::test]
+    async fn t33_a_read_error_while_sending_names_the_snapshot_file() {
+        let dir = TempDir::new().unwrap();
+        let path = dir.path().join("snapshot-00000000000000000042.bin");
+        std::fs::write(&path, [0u8; 64]).unwrap();
+        let write_only = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let body = SnapshotBody::in_file(write_only, path.clone(), 4, 60);
+        let e = body.read_chunk(0, 16).await.unwrap_err();
+        assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+        let bad_fd = io::Error::from_raw_os_error(rustix::io::Errno::BADF.raw_os_error());
+        assert_eq!(e.kind(), bad_fd.kind(), "{e}");
     }
 
     /// A full disk while the body is encoded into the file: the error names
