@@ -803,7 +803,10 @@ mod tests {
         std::fs::write(&path, [0u8; 32]).unwrap();
         let write_only = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         let body = SnapshotBody::in_file(write_only, path.clone(), 0, 32);
-        let (chunks, failed) = snapshot_chunks(body, vec![1], blank(), 8);
+        let (chunks, mut failed) = snapshot_chunks(body, vec![1], blank(), 8);
+        // Nothing is read before the call takes a chunk: a follower that
+        // cannot be reached costs no read of the body (the leader retries).
+        assert!(matches!(failed.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)));
         let mut chunks = Box::pin(chunks);
         let next = tokio::time::timeout(Duration::from_millis(200), chunks.next()).await;
         assert!(next.is_err(), "the stream must stall, not end or yield: {:?}", next.map(|c| c.map(|c| c.data)));
