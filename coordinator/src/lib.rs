@@ -120,8 +120,8 @@ pub use self::log_level::{LogControl, LogControlHandle};
 pub use self::metrics::{Metrics, OPS, OUTCOMES};
 pub use self::network::{FaultAction, Faults};
 pub use self::node::{
-    DEFAULT_ELECTION_TIMEOUT, DEFAULT_HEARTBEAT, DEFAULT_REPLICATION_INTERVAL, DEFAULT_SNAPSHOT_EVERY,
-    MAX_REQUEST_BYTES, Node, NodeConfig, StartError,
+    DEFAULT_ELECTION_TIMEOUT, DEFAULT_HEARTBEAT, DEFAULT_REPLICATION_INTERVAL, DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
+    DEFAULT_SNAPSHOT_EVERY, MAX_REQUEST_BYTES, Node, NodeConfig, StartError,
 };
 pub use self::policy::Policy;
 pub use self::raft::{RaftHandle, TypeConfig};

@@ -77,6 +77,10 @@ pub struct NodeConfig {
     /// Build a snapshot every this many log entries, each member at its own
     /// phase ([`DEFAULT_SNAPSHOT_EVERY`]).
     pub snapshot_every: u64,
+    /// Entries kept in the log behind each snapshot for followers that lag;
+    /// one further behind is sent the snapshot instead. `None`: the smaller
+    /// of [`DEFAULT_SNAPSHOT_CATCHUP_ENTRIES`] and `snapshot_every`.
+    pub snapshot_catchup_entries: Option<u64>,
     /// Request bounds; `None` derives them from the election timeout.
     pub policy: Option<Policy>,
     /// Fault injection for the raft transport (tests).
@@ -133,6 +137,12 @@ pub const DEFAULT_REPLICATION_INTERVAL: Duration = Duration::from_millis(4);
 /// twice as long (issue 18; docs/performance.md, "The snapshot period").
 pub const DEFAULT_SNAPSHOT_EVERY: u64 = 100_000;
 
+/// Entries kept behind a snapshot for lagging followers
+/// (`--snapshot-catchup-entries`), at most `--snapshot-every`: a follower is
+/// sent the snapshot (~30 MB at the seed state) only once it is further
+/// behind the newest snapshot than this (~2.5 s of log at the seed rate).
+pub const DEFAULT_SNAPSHOT_CATCHUP_ENTRIES: u64 = 10_000;
+
 impl NodeConfig {
     /// A single-node configuration with production timings.
     pub fn single(data_dir: impl Into<PathBuf>, listen: SocketAddr) -> Self {
@@ -146,6 +156,7 @@ impl NodeConfig {
             replication_interval: DEFAULT_REPLICATION_INTERVAL,
             election_timeout: (DEFAULT_ELECTION_TIMEOUT, DEFAULT_ELECTION_TIMEOUT * 2),
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+            snapshot_catchup_entries: None,
             policy: None,
             faults: None,
             status_listen: None,
@@ -484,7 +495,9 @@ impl Node {
             // Built at a phase of its own per node (`watch_metrics`), not
             // by openraft's policy, which would build on every node at once.
             snapshot_policy: SnapshotPolicy::Never,
-            max_in_snapshot_log_to_keep: 10_000.min(config.snapshot_every),
+            max_in_snapshot_log_to_keep: config
+                .snapshot_catchup_entries
+                .unwrap_or(DEFAULT_SNAPSHOT_CATCHUP_ENTRIES.min(config.snapshot_every)),
             purge_batch_size: (config.snapshot_every / 4).clamp(1, 1024),
             max_payload_entries: 1024,
             // Pre-Vote (issue 17): a follower campaigns only once the other

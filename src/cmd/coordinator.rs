@@ -238,6 +238,15 @@ pub(crate) struct CoordinatorArgs {
           value_parser = clap::value_parser!(u64).range(100..))]
     snapshot_every: u64,
 
+    /// Entries kept in the log behind each snapshot for followers that lag
+    /// (0 to 10,000,000); a follower further behind the newest snapshot is
+    /// sent the snapshot instead. Default: 10,000, or --snapshot-every if
+    /// smaller. Higher: fewer snapshot sends to followers that were away,
+    /// more log on disk (docs/coordinator.md, "The state").
+    #[arg(long, env = "FENCER_SNAPSHOT_CATCHUP_ENTRIES",
+          value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    snapshot_catchup_entries: Option<u64>,
+
     #[command(flatten)]
     observability: ObservabilityArgs,
     #[command(flatten)]
@@ -324,6 +333,7 @@ pub(crate) async fn run(args: CoordinatorArgs, log: Arc<LogFilter>) -> anyhow::R
     config.replication_interval = args.replication_interval;
     config.election_timeout = (args.election_timeout, args.election_timeout * 2);
     config.snapshot_every = args.snapshot_every;
+    config.snapshot_catchup_entries = args.snapshot_catchup_entries;
     args.observability.apply(&mut config, log);
     args.connections.apply(&mut config)?;
     config.tls = args.tls.node_tls();
@@ -384,6 +394,22 @@ mod tests {
         let cli = Cli::try_parse_from(["fencer", "--data-dir", "d", "--worker-threads", "3"]).unwrap();
         assert_eq!(cli.args.worker_threads(), 3);
         assert!(Cli::try_parse_from(["fencer", "--data-dir", "d", "--worker-threads", "0"]).is_err());
+    }
+
+    #[test]
+    fn snapshot_catchup_entries_are_bounded_and_default_to_the_library() {
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: CoordinatorArgs,
+        }
+        let parse = |v: &str| Cli::try_parse_from(["fencer", "--data-dir", "d", "--snapshot-catchup-entries", v]);
+        assert_eq!(Cli::try_parse_from(["fencer", "--data-dir", "d"]).unwrap().args.snapshot_catchup_entries, None);
+        assert_eq!(parse("0").unwrap().args.snapshot_catchup_entries, Some(0));
+        assert_eq!(parse("10000000").unwrap().args.snapshot_catchup_entries, Some(10_000_000));
+        let e = parse("10000001").err().expect("above the limit").to_string();
+        assert!(e.contains("--snapshot-catchup-entries"), "{e}");
+        assert!(parse("-1").is_err() && parse("many").is_err());
     }
 
     #[test]

@@ -104,3 +104,53 @@ async fn t53_members_build_their_snapshots_at_staggered_indexes() {
     check_all(&h.ops());
     c.shutdown().await;
 }
+
+/// `snapshot_catchup_entries` (`--snapshot-catchup-entries`) is the log kept
+/// behind a snapshot: with 0 the leader purges up to its snapshot, with
+/// more than the run writes it purges nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t53_the_log_kept_behind_a_snapshot_is_snapshot_catchup_entries() {
+    for (keep, expect_purge) in [(0, true), (10_000, false)] {
+        let c = Cluster::start_with(3, |cfg| {
+            cfg.snapshot_every = 100;
+            cfg.snapshot_catchup_entries = Some(keep);
+        })
+        .await;
+        let h = History::new();
+        let leader = c.leader(TIMEOUT).await;
+        let write = |i: usize| {
+            let (c, h) = (&c, &h);
+            async move {
+                let resource = format!("keep/{i}");
+                let g =
+                    c.acquire(h, leader, &resource, &format!("keep-request-{i:04}"), 60_000, 0).await.expect("acquire");
+                c.release(h, leader, &resource, &g.lease_id).await.expect("release");
+            }
+        };
+        for i in 0..150 {
+            write(i).await;
+        }
+        let snapshot = eventually("the leader built a snapshot", TIMEOUT, || async {
+            let s = c.node(leader).service().status();
+            (s.snapshot_index > 0).then_some(s.snapshot_index)
+        })
+        .await;
+        if expect_purge {
+            let purged = eventually("the leader purged up to its snapshot", TIMEOUT, || async {
+                let s = c.node(leader).service().status();
+                (s.purged_index + 25 >= s.snapshot_index && s.purged_index > 0).then_some(s.purged_index)
+            })
+            .await;
+            assert!(purged <= c.node(leader).service().status().snapshot_index, "never past the snapshot");
+        } else {
+            // More writes, so any purge the snapshot allowed has run.
+            for i in 150..200 {
+                write(i).await;
+            }
+            let s = c.node(leader).service().status();
+            assert!(s.snapshot_index >= snapshot);
+            assert_eq!(s.purged_index, 0, "keeping {keep} entries, nothing of this run may be purged");
+        }
+        c.shutdown().await;
+    }
+}
