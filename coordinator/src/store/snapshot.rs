@@ -273,8 +273,18 @@ pub(super) async fn current_snapshot(dir: &Path) -> io::Result<Option<Snapshot>>
 
 /// The newest snapshot file as a [`Snapshot`] (see [`current_snapshot`]). Blocking.
 fn open_latest(dir: &Path) -> io::Result<Option<Snapshot>> {
-    let Some(path) = latest_snapshot(dir)? else { return Ok(None) };
-    let file = std::fs::File::open(&path).map_err(|e| io_err(&format!("open {}", path.display()), e))?;
+    // A build that finishes between the listing and the open removes the
+    // file listed: list again, for the newer one (a few times at most, each
+    // needs a build to finish in between).
+    let mut attempts = 0;
+    let (path, file) = loop {
+        let Some(path) = latest_snapshot(dir)? else { return Ok(None) };
+        match std::fs::File::open(&path) {
+            Ok(file) => break (path, file),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && attempts < 3 => attempts += 1,
+            Err(e) => return Err(named(e, "open", &path)),
+        }
+    };
     let size = file.metadata().map_err(|e| io_err(&format!("stat {}", path.display()), e))?.len();
     let (header, start) = read_header(&file, &path, size)?;
     let named = path.display().to_string();
