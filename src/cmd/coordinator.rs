@@ -242,7 +242,8 @@ pub(crate) struct CoordinatorArgs {
     /// (0 to 10,000,000); a follower further behind the newest snapshot is
     /// sent the snapshot instead. Default: 10,000, or --snapshot-every if
     /// smaller. Higher: fewer snapshot sends to followers that were away,
-    /// more log on disk (docs/coordinator.md, "The state").
+    /// more log on disk. 0: a follower even one entry behind the newest
+    /// snapshot is sent the whole snapshot (docs/coordinator.md, "The state").
     #[arg(long, env = "FENCER_SNAPSHOT_CATCHUP_ENTRIES",
           value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
     snapshot_catchup_entries: Option<u64>,
