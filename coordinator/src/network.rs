@@ -400,7 +400,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         let reply = tokio::select! {
             closed = cancel => return Err(StreamingError::Closed(closed)),
             // Dropping the call resets its stream: the follower sees an
-            // error, never a short body that ends cleanly.
+            // error (and would refuse a body cut short, see snapshot_chunks).
             Ok(e) = &mut read_failed => return Err(StreamingError::Network(NetworkError::new(&e))),
             r = tokio::time::timeout(ttl, send) => match r {
                 Err(_) => return Err(to_streaming(unreachable(format!("snapshot to node {} timed out", self.target)))),
