@@ -378,13 +378,14 @@ mod tests {
 
     use super::{CoordinatorArgs, parse_peer, parse_size};
 
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: CoordinatorArgs,
+    }
+
     #[test]
     fn the_timing_flags_default_to_the_library_defaults() {
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            args: CoordinatorArgs,
-        }
         let cli = Cli::try_parse_from(["fencer", "--data-dir", "d"]).expect("only --data-dir is required");
         assert_eq!(cli.args.heartbeat, fencer_coordinator::DEFAULT_HEARTBEAT);
         assert_eq!(cli.args.election_timeout, fencer_coordinator::DEFAULT_ELECTION_TIMEOUT);
@@ -399,11 +400,6 @@ mod tests {
 
     #[test]
     fn snapshot_catchup_entries_are_bounded_and_default_to_the_library() {
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            args: CoordinatorArgs,
-        }
         let parse = |v: &str| Cli::try_parse_from(["fencer", "--data-dir", "d", "--snapshot-catchup-entries", v]);
         assert_eq!(Cli::try_parse_from(["fencer", "--data-dir", "d"]).unwrap().args.snapshot_catchup_entries, None);
         assert_eq!(parse("0").unwrap().args.snapshot_catchup_entries, Some(0));

@@ -287,7 +287,7 @@ fn open_latest(dir: &Path) -> io::Result<Option<Snapshot>> {
     };
     let size = file.metadata().map_err(|e| named(e, "stat", &path))?.len();
     let (header, start) = read_header(&file, &path, size)?;
-    let named = path.display().to_string();
+    let shown = path.display().to_string();
     let body = SnapshotBody(Body::File { file: Arc::new(file), path, start, len: size - start });
     let snapshot = match header.format {
         SNAPSHOT_FORMAT => body,
@@ -296,7 +296,7 @@ fn open_latest(dir: &Path) -> io::Result<Option<Snapshot>> {
         f @ (SNAPSHOT_FORMAT_V3 | SNAPSHOT_FORMAT_V2) => {
             SnapshotBody::from_bytes(TableDump::decode_format(&body.read_all()?, f)?.encode_body()?)
         }
-        other => return Err(io_err("snapshot", format!("unknown format {other} in {named}"))),
+        other => return Err(io_err("snapshot", format!("unknown format {other} in {shown}"))),
     };
     Ok(Some(Snapshot { meta: header.meta, snapshot }))
 }
@@ -750,6 +750,23 @@ mod tests {
         n
     }
 
+    /// A store in `dir` holding a signing key and the lock of
+    /// [`acquire_cmd`]; returns it and its last index.
+    async fn with_keys_and_a_lock(dir: &Path) -> (StateMachineStore, u64) {
+        let mut sm = open(dir);
+        let mut cmds = keys_cmds();
+        cmds.push(acquire_cmd());
+        let n = apply_from_one(&mut sm, cmds).await;
+        (sm, n)
+    }
+
+    /// Releases the lock of [`acquire_cmd`] at `index`.
+    async fn release_the_lock(sm: &mut StateMachineStore, index: u64) {
+        let release =
+            Command::Release { resource: ResourceName::new("orders/1").unwrap(), lease_id: LeaseId::from_u128(7) };
+        sm.apply(stream::iter([Ok((entry(index, release), None))])).await.unwrap();
+    }
+
     fn keys_cmds() -> Vec<Command> {
         let signer = fencer_token::Signer::from_secret_bytes(KeyId::new("k").unwrap(), &[9; 32]);
         vec![
@@ -992,17 +1009,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn t33_a_built_body_is_read_from_its_file_even_after_a_later_build_removed_it() {
         let dir = TempDir::new().unwrap();
-        let mut sm = open(dir.path());
-        let mut cmds = keys_cmds();
-        cmds.push(acquire_cmd());
-        let n = apply_from_one(&mut sm, cmds).await;
+        let (mut sm, n) = with_keys_and_a_lock(dir.path()).await;
         let first = sm.build_snapshot().await.unwrap();
         let current = sm.get_current_snapshot().await.unwrap().expect("the build wrote its file");
         let on_disk = current.snapshot.into_bytes().await.unwrap();
 
-        let release =
-            Command::Release { resource: ResourceName::new("orders/1").unwrap(), lease_id: LeaseId::from_u128(7) };
-        sm.apply(stream::iter([Ok((entry(n + 1, release), None))])).await.unwrap();
+        release_the_lock(&mut sm, n + 1).await;
         let second = sm.build_snapshot().await.unwrap();
         let files: Vec<_> =
             std::fs::read_dir(dir.path().join(SNAPSHOT_DIR)).unwrap().map(|f| f.unwrap().file_name()).collect();
@@ -1023,18 +1035,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn t33_the_current_snapshot_is_read_from_its_file_a_chunk_at_a_time() {
         let dir = TempDir::new().unwrap();
-        let mut sm = open(dir.path());
-        let mut cmds = keys_cmds();
-        cmds.push(acquire_cmd());
-        let n = apply_from_one(&mut sm, cmds).await;
+        let (mut sm, n) = with_keys_and_a_lock(dir.path()).await;
         let built = sm.build_snapshot().await.unwrap().snapshot.into_bytes().await.unwrap();
         let current = sm.get_current_snapshot().await.unwrap().expect("the build wrote its file");
         assert!(matches!(current.snapshot.0, Body::File { .. }), "a format-4 file is not read to be sent");
         assert_eq!(current.snapshot.len(), built.len() as u64);
 
-        let release =
-            Command::Release { resource: ResourceName::new("orders/1").unwrap(), lease_id: LeaseId::from_u128(7) };
-        sm.apply(stream::iter([Ok((entry(n + 1, release), None))])).await.unwrap();
+        release_the_lock(&mut sm, n + 1).await;
         sm.build_snapshot().await.unwrap();
 
         // A chunk size that does not divide the body: the last chunk is short.
@@ -1093,10 +1100,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn t33_a_snapshot_view_built_twice_writes_the_same_state_twice() {
         let dir = TempDir::new().unwrap();
-        let mut sm = open(dir.path());
-        let mut cmds = keys_cmds();
-        cmds.push(acquire_cmd());
-        apply_from_one(&mut sm, cmds).await;
+        let (mut sm, _) = with_keys_and_a_lock(dir.path()).await;
         let state = sm.read().clone();
         let mut view = sm.get_snapshot_builder().await;
         let first = view.build_snapshot().await.unwrap();
