@@ -320,7 +320,7 @@ fn open_store(dir: &Path) -> StateMachineStore {
     .unwrap()
 }
 
-fn unhex(golden: &str) -> Vec<u8> {
+pub(crate) fn unhex(golden: &str) -> Vec<u8> {
     let hex: String = golden.split_whitespace().collect();
     (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
 }
@@ -392,7 +392,7 @@ const GOLDEN_KEY_REPLIES: &str =
     "0000 0001 000280909282e733 000300 000301 000302 000303 00030480c8e2e1c133 010e6e6f7420746865206c6561646572";
 /// The snapshot body of `snapshot_commands` with version-1 dedup records
 /// (before fingerprints): still installed, and handed out as it came.
-const GOLDEN_SNAPSHOT_BODY: &str = "
+pub(crate) const GOLDEN_SNAPSHOT_BODY: &str = "
     b4e0c8abb6ccdbb266020c6a6f62732f6e696768746c79550190e4d0b287d3aeeefedfb7de9af1d9a2a3020d686f7374
     2d312f7069642034320eb0ea010c726571756573742d3030303810b06d010c726571756573742d303030390d686f7374
     2d312f706964203432b0ea0109086f72646572732f312501030d686f73742d312f70696420343209b0ea010c72657175
@@ -410,7 +410,7 @@ const GOLDEN_SNAPSHOT_BODY: &str = "
 /// The snapshot body of `snapshot_commands` since dedup records carry
 /// their fingerprint (record version 2); the format (4) and the header are
 /// the same.
-const GOLDEN_SNAPSHOT_BODY_DEDUP_V2: &str = "
+pub(crate) const GOLDEN_SNAPSHOT_BODY_DEDUP_V2: &str = "
     b4e0c8abb6ccdbb266020c6a6f62732f6e696768746c79550190e4d0b287d3aeeefedfb7de9af1d9a2a3020d686f7374
     2d312f7069642034320eb0ea010c726571756573742d3030303810b06d010c726571756573742d303030390d686f7374
     2d312f706964203432b0ea0109086f72646572732f312501030d686f73742d312f70696420343209b0ea010c72657175

@@ -572,6 +572,7 @@ impl Node {
                 cluster.clone(),
                 server_tls.is_some(),
                 svc.clone(),
+                dir.join(SNAPSHOT_DIR),
             ))
             .max_decoding_message_size(MAX_RAFT_MESSAGE)
             .max_encoding_message_size(MAX_RAFT_MESSAGE),

@@ -9,7 +9,8 @@
 //! - `persister` — the thread that writes the audit log.
 //! - `tables` — the state file's tables, their rows, loading the state.
 //! - `snapshot` — snapshot formats (and migrating old ones), building,
-//!   installing, snapshot files.
+//!   receiving and installing, snapshot files.
+//! - `stream` — decoding a snapshot body as it is read, a row at a time.
 //! - `codec` — postcard, with errors that name what failed.
 
 use openraft::{LogId, StoredMembership};
@@ -21,6 +22,7 @@ mod log_store;
 mod persister;
 mod sm_store;
 mod snapshot;
+mod stream;
 mod tables;
 #[cfg(test)]
 mod tests;
@@ -29,6 +31,7 @@ mod wal;
 pub(crate) use self::codec::{decode, encode};
 pub use self::log_store::{LEGACY_LOG_FILE, LogReader, LogStore};
 pub use self::sm_store::{ApplyObserver, NoObserver, StateMachineStore};
+pub(crate) use self::snapshot::ReceivedSnapshot;
 pub use self::snapshot::SnapshotBody;
 pub use self::wal::{LOG_DIR, WalOptions};
 

@@ -312,7 +312,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Self::SnapshotData) -> Result<(), io::Error> {
-        install(&self.shared, meta.clone(), snapshot.into_bytes().await?).await
+        install(&self.shared, meta.clone(), snapshot).await
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {

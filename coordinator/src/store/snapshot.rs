@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 use super::codec::{decode, encode, io_err};
 use super::persister::{PersistOp, persister_gone};
 use super::sm_store::Shared;
+use super::stream::{Streamed, state_from_body};
 use super::tables::{DEDUP, LEGACY_DEDUP, TableDump, load_state_file, state_from_dump, write_rows};
 use super::{LogIdT, Membership, Snapshot, SnapshotMeta};
 use crate::audit::AuditRecord;
@@ -43,7 +44,7 @@ const SNAPSHOT_FORMAT_V2: u32 = 2;
 /// nodes carry no format number; formats 2 and 3 begin with the number of
 /// resources, which is never this large, so no body passes for another
 /// format.
-const FORMAT_4_TAG: u64 = u64::from_be_bytes(*b"fencer04");
+pub(super) const FORMAT_4_TAG: u64 = u64::from_be_bytes(*b"fencer04");
 
 /// The snapshot file's header. The file is `[u32 LE header length][header][state]`,
 /// so `get_current_snapshot` needs nothing else and the state is written
@@ -321,22 +322,16 @@ fn read_header(file: &std::fs::File, path: &Path, size: u64) -> io::Result<(Snap
     Ok((decode(&header, "snapshot header")?, 4 + len))
 }
 
-/// The newest snapshot file's meta and its body in today's format. Blocking.
-fn read_latest(dir: &Path) -> io::Result<Option<(SnapshotMeta, Vec<u8>)>> {
-    let Some(latest) = open_latest(dir)? else { return Ok(None) };
-    Ok(Some((latest.meta, latest.snapshot.read_all()?)))
-}
-
 /// The persisted lock state at open: the newest snapshot file's, or the
 /// state file of an earlier version when it is newer (written into a
 /// snapshot file first). A legacy state file is removed once a snapshot file
 /// holds at least its state. Blocking.
 pub(super) fn open_state(legacy_state_file: &Path, dir: &Path) -> io::Result<(LockState, Option<LogIdT>, Membership)> {
-    let newest = match read_latest(dir)? {
-        Some((meta, body)) => {
-            let dump = TableDump::decode_format(&body, SNAPSHOT_FORMAT)
-                .map_err(|e| io_err(&format!("snapshot in {}", dir.display()), e))?;
-            Some((state_from_dump(&dump)?, meta))
+    let newest = match open_latest(dir)? {
+        Some(latest) => {
+            let (state, _) = decode_state(&latest.snapshot)
+                .map_err(|e| io::Error::new(e.kind(), format!("snapshot in {}: {e}", dir.display())))?;
+            Some((state, latest.meta))
         }
         None => None,
     };
@@ -486,12 +481,13 @@ fn write_snapshot_file(
 }
 
 /// A snapshot's body as openraft carries it (`SnapshotData`): in its file
-/// when built or read to be sent, in memory when received to be installed
-/// (or re-encoded from an older format). openraft keeps only the meta of a
-/// build, so a build does not read its ~30 MB body back, and a body sent to
-/// a follower is read a chunk at a time (the memory peaks of issue 18); the
-/// file stays readable through the open handle even after a later build
-/// removed it.
+/// when built or read to be sent, in a file without a name when received
+/// to be installed ([`ReceivedSnapshot`]), in memory only when re-encoded
+/// from an older format. openraft keeps only the meta of a build, so a
+/// build does not read its ~30 MB body back, a body sent to a follower is
+/// read a chunk at a time, and one installed is decoded as it is read (the
+/// memory peaks of issue 18); the file stays readable through the open
+/// handle even after a later build removed it.
 #[derive(Debug)]
 pub struct SnapshotBody(Body);
 
@@ -528,6 +524,7 @@ impl SnapshotBody {
 
     /// The encoded body (a format-4 body, module docs). Reads the file, on
     /// a blocking thread, when the body is in one.
+    #[cfg(test)]
     pub(crate) async fn into_bytes(mut self) -> io::Result<Vec<u8>> {
         if let Body::Bytes(bytes) = &mut self.0 {
             return Ok(std::mem::take(bytes));
@@ -557,6 +554,88 @@ impl SnapshotBody {
             Body::Bytes(bytes) => Ok(std::mem::take(bytes)),
             Body::File { file, path, start, len } => read_file_range(file, path, *start, *len as usize),
         }
+    }
+
+    /// `n` bytes of the body from `at` (the caller keeps within its
+    /// length). Blocking.
+    fn read_range(&self, at: u64, n: usize) -> io::Result<Vec<u8>> {
+        match &self.0 {
+            Body::Bytes(bytes) => Ok(bytes[at as usize..at as usize + n].to_vec()),
+            Body::File { file, path, start, .. } => read_file_range(file, path, start + at, n),
+        }
+    }
+
+    /// Reads the body from its start; a read error names the file.
+    /// Blocking. Reads share no file position with other readers.
+    fn reader(&self) -> BodyReader<'_> {
+        BodyReader { body: self, at: 0 }
+    }
+}
+
+/// A snapshot body being received from the leader: written to a file
+/// without a name in the snapshot dir as its chunks arrive, so a follower
+/// never holds the whole body (~30 MB at the seed state) in memory; the
+/// file is gone when the body is dropped, also after a crash. Installing it
+/// reads it back ([`install`]).
+#[derive(Debug)]
+pub(crate) struct ReceivedSnapshot(SnapshotBody);
+
+impl ReceivedSnapshot {
+    /// An empty body, in a new unnamed file in `dir`.
+    pub(crate) async fn create(dir: &Path) -> io::Result<Self> {
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let file = tempfile::tempfile_in(&dir)
+                .map_err(|e| named(e, "create a file for a snapshot being received in", &dir))?;
+            let path = dir.join("(a snapshot being received)");
+            Ok(Self(SnapshotBody(Body::File { file: Arc::new(file), path, start: 0, len: 0 })))
+        })
+        .await
+        .map_err(|e| io_err("snapshot receive task", e))?
+    }
+
+    /// Appends `data` to the body, on a blocking thread. A write error
+    /// (a full disk, say) keeps its kind and names the directory.
+    pub(crate) async fn append(&mut self, data: Vec<u8>) -> io::Result<()> {
+        use std::os::unix::fs::FileExt as _;
+        let Body::File { file, path, len, .. } = &mut self.0.0 else {
+            return Err(io_err("receive a snapshot", "its body is not in a file")); // `create` makes one
+        };
+        let (handle, at) = (file.clone(), *len);
+        tokio::task::spawn_blocking(move || handle.write_all_at(&data, at).map(|()| data.len()))
+            .await
+            .map_err(|e| io_err("snapshot receive task", e))?
+            .map(|n| *len += n as u64)
+            .map_err(|e| named(e, "write", path))
+    }
+
+    /// The body received.
+    pub(crate) fn body(self) -> SnapshotBody {
+        self.0
+    }
+}
+
+/// [`SnapshotBody::reader`].
+struct BodyReader<'a> {
+    body: &'a SnapshotBody,
+    at: u64,
+}
+
+impl io::Read for BodyReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt as _;
+        let n = self.body.len().saturating_sub(self.at).min(buf.len() as u64) as usize;
+        let got = match &self.body.0 {
+            Body::Bytes(bytes) => {
+                buf[..n].copy_from_slice(&bytes[self.at as usize..self.at as usize + n]);
+                n
+            }
+            Body::File { file, path, start, .. } => {
+                file.read_at(&mut buf[..n], start + self.at).map_err(|e| named(e, "read the snapshot body in", path))?
+            }
+        };
+        self.at += got as u64;
+        Ok(got)
     }
 }
 
@@ -645,15 +724,30 @@ pub(super) async fn build(shared: &Shared, state: LockState, meta: SnapshotMeta)
     Ok(Snapshot { meta, snapshot: body })
 }
 
+/// Decodes a snapshot body into its lock state, and says which format it
+/// was in. A format-4 body is decoded as it is read (module `stream`): at
+/// the seed state, neither the ~30 MB body nor its rows are ever whole in
+/// memory. An older body (from a leader not upgraded yet) is read whole and
+/// decoded the older ways. Blocking.
+fn decode_state(body: &SnapshotBody) -> io::Result<(LockState, u32)> {
+    match state_from_body(body.reader(), body.len())? {
+        Streamed::State(state) => Ok((state, SNAPSHOT_FORMAT)),
+        Streamed::NotFormat4 => {
+            let bytes = body.read_range(0, body.len() as usize)?;
+            let (dump, format) = TableDump::decode_any(&bytes)?;
+            Ok((state_from_dump(&dump)?, format))
+        }
+    }
+}
+
 /// Installs a snapshot: validates it, records it in the audit log, writes
-/// the snapshot file, then swaps the in-memory state.
-pub(super) async fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>) -> io::Result<()> {
-    let (new_state, body) = tokio::task::spawn_blocking(move || -> io::Result<(LockState, Vec<u8>)> {
-        let (dump, format) = TableDump::decode_any(&bytes)?;
-        let state = state_from_dump(&dump)?;
-        // The file always holds today's format, whatever the leader sent.
-        let body = if format == SNAPSHOT_FORMAT { bytes } else { dump.encode_body()? };
-        Ok((state, body))
+/// the snapshot file, then swaps the in-memory state. The body is decoded
+/// as it is read, and a format-4 body is copied into the file as received;
+/// an older one is written in today's format, from the state.
+pub(super) async fn install(shared: &Shared, meta: SnapshotMeta, body: SnapshotBody) -> io::Result<()> {
+    let (new_state, format, body) = tokio::task::spawn_blocking(move || -> io::Result<_> {
+        let (state, format) = decode_state(&body)?;
+        Ok((state, format, body))
     })
     .await
     .map_err(|e| io_err("install task", e))??;
@@ -665,9 +759,18 @@ pub(super) async fn install(shared: &Shared, meta: SnapshotMeta, bytes: Vec<u8>)
     shared.send(PersistOp::Installed { record, done }).await?;
     rx.await.map_err(|_| persister_gone())??;
     let (dir, file_meta) = (shared.snapshot_dir.clone(), meta.clone());
-    tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file_meta, |out| out.write_all(&body)))
-        .await
-        .map_err(|e| io_err("install task", e))??;
+    let new_state = tokio::task::spawn_blocking(move || -> io::Result<LockState> {
+        write_snapshot_file(&dir, &file_meta, |out| {
+            if format == SNAPSHOT_FORMAT {
+                io::copy(&mut body.reader(), out).map(drop)
+            } else {
+                encode_state_into(&new_state, out)
+            }
+        })?;
+        Ok(new_state)
+    })
+    .await
+    .map_err(|e| io_err("install task", e))??;
     {
         let mut state = shared.state.write().unwrap_or_else(|p| p.into_inner());
         *state = new_state;
@@ -701,6 +804,7 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::raft::TypeConfig;
     use crate::state_machine::{AcquireCmd, Command, LogCommand};
+    use crate::store::snapshot::ReceivedSnapshot;
     use crate::store::{NoObserver, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
     use crate::types::{LeaseId, ResourceName};
     use fencer_token::KeyId;
@@ -1111,5 +1215,49 @@ mod tests {
         drop((view, sm));
         let sm = reopen(dir.path()).await;
         assert_eq!(*sm.read(), state, "the file the second build wrote holds the state");
+    }
+
+    /// The names in a data dir's snapshot dir.
+    fn snapshot_files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<_> = std::fs::read_dir(dir.join(SNAPSHOT_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t34_a_snapshot_received_into_a_file_installs_and_is_kept_as_received() {
+        let dir = TempDir::new().unwrap();
+        let (mut sm, _) = with_keys_and_a_lock(dir.path()).await;
+        let built = sm.build_snapshot().await.unwrap();
+        let sent = built.snapshot.into_bytes().await.unwrap();
+
+        let other = TempDir::new().unwrap();
+        let mut fresh = open(other.path());
+        let spool = other.path().join(SNAPSHOT_DIR);
+        // A damaged body is refused by name, and changes nothing.
+        let mut damaged = ReceivedSnapshot::create(&spool).await.unwrap();
+        damaged.append(sent[..sent.len() - 1].to_vec()).await.unwrap();
+        let e = fresh.install_snapshot(&built.meta, damaged.body()).await.unwrap_err();
+        assert!(e.to_string().contains("decode snapshot"), "{e}");
+        assert_eq!(*fresh.read(), LockState::new(), "nothing installed");
+        assert_eq!(snapshot_files(other.path()), Vec::<String>::new(), "no file is left behind");
+
+        let mut received = ReceivedSnapshot::create(&spool).await.unwrap();
+        assert_eq!(snapshot_files(other.path()), Vec::<String>::new(), "the file being received has no name");
+        for piece in sent.chunks(sent.len() / 3 + 1) {
+            received.append(piece.to_vec()).await.unwrap();
+        }
+        fresh.install_snapshot(&built.meta, received.body()).await.unwrap();
+        assert_eq!(*fresh.read(), *sm.read(), "the installed state is the built one");
+        let index = built.meta.last_log_id.as_ref().unwrap().index;
+        assert_eq!(snapshot_files(other.path()), vec![snapshot_name(index)], "only the installed snapshot's file");
+        let kept = fresh.get_current_snapshot().await.unwrap().expect("the installed snapshot is kept");
+        assert_eq!(kept.snapshot.into_bytes().await.unwrap(), sent, "kept as received");
+        drop(fresh);
+        let fresh = reopen(other.path()).await;
+        assert_eq!(*fresh.read(), *sm.read(), "a restart loads the installed snapshot's file");
     }
 }

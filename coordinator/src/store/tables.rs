@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::codec::{decode, io_err};
 use super::{LogIdT, Membership};
-use crate::state_machine::{DedupRecord, LockState, RequestKey};
+use crate::state_machine::{DedupRecord, EndedLease, LockState, RequestKey, ResourceState, SigningKeyRecord};
 use crate::types::{LeaseId, ResourceName};
 use fencer_token::KeyId;
 
@@ -128,27 +128,66 @@ pub(super) fn write_rows<K: RowKey>(
 
 /// Decodes a dump into a lock state, validating every name and record.
 pub(super) fn state_from_dump(dump: &TableDump) -> io::Result<LockState> {
-    let mut resources = imbl::OrdMap::new();
+    let mut rows = StateRows::default();
     for (k, v) in &dump.resources {
-        let name = ResourceName::new(k.as_str()).map_err(|e| io_err("stored resource name", e))?;
-        resources.insert(name, decode(v, "resource state")?);
+        rows.resource(k, v)?;
     }
-    let mut dedup = imbl::OrdMap::new();
     for (k, v) in &dump.dedup {
-        let record = DedupRecord::from_stored(v)
-            .map_err(|e| io_err("decode dedup record", format!("{e} ({} bytes)", v.len())))?;
-        dedup.insert(RequestKey::from_u128(*k), record);
+        rows.dedup(*k, v)?;
     }
-    let mut ended = imbl::OrdMap::new();
     for (k, v) in &dump.ended {
-        ended.insert(LeaseId::from_u128(*k), decode(v, "ended lease")?);
+        rows.ended(*k, v)?;
     }
-    let mut keys = BTreeMap::new();
     for (k, v) in &dump.signing_keys {
-        let kid = KeyId::new(k.as_str()).map_err(|e| io_err("stored signing key id", e))?;
-        keys.insert(kid, decode(v, "signing key")?);
+        rows.signing_key(k, v)?;
     }
-    Ok(LockState::from_parts(resources, dedup, ended).with_signing_keys(keys))
+    Ok(rows.finish())
+}
+
+/// A lock state decoded a row at a time (from a [`TableDump`], or from a
+/// snapshot body as it is read), every name and record validated. A key
+/// given twice keeps its last row.
+#[derive(Default)]
+pub(super) struct StateRows {
+    resources: imbl::OrdMap<ResourceName, ResourceState>,
+    dedup: imbl::OrdMap<RequestKey, DedupRecord>,
+    ended: imbl::OrdMap<LeaseId, EndedLease>,
+    keys: BTreeMap<KeyId, SigningKeyRecord>,
+}
+
+impl StateRows {
+    /// A row of `resources`: the resource's name and its encoded state.
+    pub(super) fn resource(&mut self, name: &str, value: &[u8]) -> io::Result<()> {
+        let name = ResourceName::new(name).map_err(|e| io_err("stored resource name", e))?;
+        self.resources.insert(name, decode(value, "resource state")?);
+        Ok(())
+    }
+
+    /// A row of `dedup`: a [`RequestKey`] and its encoded record.
+    pub(super) fn dedup(&mut self, key: u128, value: &[u8]) -> io::Result<()> {
+        let record = DedupRecord::from_stored(value)
+            .map_err(|e| io_err("decode dedup record", format!("{e} ({} bytes)", value.len())))?;
+        self.dedup.insert(RequestKey::from_u128(key), record);
+        Ok(())
+    }
+
+    /// A row of `ended`: a lease id and its encoded record.
+    pub(super) fn ended(&mut self, lease: u128, value: &[u8]) -> io::Result<()> {
+        self.ended.insert(LeaseId::from_u128(lease), decode(value, "ended lease")?);
+        Ok(())
+    }
+
+    /// A row of `signing_keys`: a key id and its encoded record.
+    pub(super) fn signing_key(&mut self, kid: &str, value: &[u8]) -> io::Result<()> {
+        let kid = KeyId::new(kid).map_err(|e| io_err("stored signing key id", e))?;
+        self.keys.insert(kid, decode(value, "signing key")?);
+        Ok(())
+    }
+
+    /// The lock state of every row given.
+    pub(super) fn finish(self) -> LockState {
+        LockState::from_parts(self.resources, self.dedup, self.ended).with_signing_keys(self.keys)
+    }
 }
 
 /// Opens a state file written by an earlier version (moving text-keyed
