@@ -86,6 +86,8 @@ mod api;
 mod audit;
 mod bootstrap;
 mod clock;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 #[cfg(test)]
 mod golden;
 mod hot;

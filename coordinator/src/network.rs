@@ -639,13 +639,14 @@ impl RaftRpc for RaftService {
         // The body goes to a file as it arrives (issue 18: in memory, a
         // follower catching up peaked at 321 MB).
         let mut body: Option<ReceivedSnapshot> = None;
-        let mut from = 0;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
             self.check(&chunk.cluster_id, chunk.from, chunk.to)?;
-            from = chunk.from;
             if header.is_none() {
-                header = Some(decode(&chunk.header, "snapshot header").map_err(bad_payload)?);
+                let (vote, meta) = decode(&chunk.header, "snapshot header").map_err(bad_payload)?;
+                // Before anything is written down.
+                self.not_mine("install_snapshot", chunk.from, &vote)?;
+                header = Some((vote, meta));
             }
             let received = match body.as_mut() {
                 Some(received) => received,
@@ -656,7 +657,6 @@ impl RaftRpc for RaftService {
         let (Some((vote, meta)), Some(body)) = (header, body) else {
             return Err(Status::invalid_argument("empty snapshot stream"));
         };
-        self.not_mine("install_snapshot", from, &vote)?;
         let snapshot = Snapshot { meta, snapshot: body.body() };
         self.reply(self.raft.install_full_snapshot(vote, snapshot).await.map_err(|e| e.to_string()))
     }

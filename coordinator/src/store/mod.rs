@@ -33,6 +33,8 @@ pub use self::log_store::{LEGACY_LOG_FILE, LogReader, LogStore};
 pub use self::sm_store::{ApplyObserver, NoObserver, StateMachineStore};
 pub(crate) use self::snapshot::ReceivedSnapshot;
 pub use self::snapshot::SnapshotBody;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use self::stream::check_against_whole;
 pub use self::wal::{LOG_DIR, WalOptions};
 
 /// File name of the state machine inside a data dir.

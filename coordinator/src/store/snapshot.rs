@@ -328,11 +328,15 @@ fn read_header(file: &std::fs::File, path: &Path, size: u64) -> io::Result<(Snap
 /// holds at least its state. Blocking.
 pub(super) fn open_state(legacy_state_file: &Path, dir: &Path) -> io::Result<(LockState, Option<LogIdT>, Membership)> {
     let newest = match open_latest(dir)? {
-        Some(latest) => {
-            let (state, _) = decode_state(&latest.snapshot)
-                .map_err(|e| io::Error::new(e.kind(), format!("snapshot in {}: {e}", dir.display())))?;
-            Some((state, latest.meta))
-        }
+        // `open_latest` hands out every body in format 4, whatever the file's.
+        Some(latest) => match state_from_body(latest.snapshot.reader(), latest.snapshot.len()) {
+            Ok(Streamed::State(state)) => Some((state, latest.meta)),
+            Ok(Streamed::NotFormat4) => {
+                let text = format!("snapshot in {}: not a format-4 body (its tag is wrong)", dir.display());
+                return Err(io::Error::new(io::ErrorKind::InvalidData, text));
+            }
+            Err(e) => return Err(io::Error::new(e.kind(), format!("snapshot in {}: {e}", dir.display()))),
+        },
         None => None,
     };
     let snapshot_applied = newest.as_ref().and_then(|(_, m)| m.last_log_id);
@@ -565,6 +569,19 @@ impl SnapshotBody {
         }
     }
 
+    /// Writes the whole body to `out`, [`COPY_PIECE`] bytes at a time; an
+    /// error names the file it read or wrote (a body shorter than its
+    /// length is one). Blocking.
+    fn copy_into(&self, out: &mut impl io::Write) -> io::Result<()> {
+        let mut at = 0;
+        while at < self.len() {
+            let n = (self.len() - at).min(COPY_PIECE as u64) as usize;
+            out.write_all(&self.read_range(at, n)?)?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+
     /// Reads the body from its start; a read error names the file.
     /// Blocking. Reads share no file position with other readers.
     fn reader(&self) -> BodyReader<'_> {
@@ -614,6 +631,9 @@ impl ReceivedSnapshot {
         self.0
     }
 }
+
+/// A received body is copied into its snapshot file this much at a time.
+const COPY_PIECE: usize = 1 << 20;
 
 /// [`SnapshotBody::reader`].
 struct BodyReader<'a> {
@@ -761,11 +781,7 @@ pub(super) async fn install(shared: &Shared, meta: SnapshotMeta, body: SnapshotB
     let (dir, file_meta) = (shared.snapshot_dir.clone(), meta.clone());
     let new_state = tokio::task::spawn_blocking(move || -> io::Result<LockState> {
         write_snapshot_file(&dir, &file_meta, |out| {
-            if format == SNAPSHOT_FORMAT {
-                io::copy(&mut body.reader(), out).map(drop)
-            } else {
-                encode_state_into(&new_state, out)
-            }
+            if format == SNAPSHOT_FORMAT { body.copy_into(out) } else { encode_state_into(&new_state, out) }
         })?;
         Ok(new_state)
     })
@@ -809,7 +825,7 @@ mod tests {
     use crate::types::{LeaseId, ResourceName};
     use fencer_token::KeyId;
 
-    fn open(dir: &Path) -> StateMachineStore {
+    fn try_open(dir: &Path) -> io::Result<StateMachineStore> {
         StateMachineStore::open(
             &dir.join(STATE_FILE),
             &dir.join(SNAPSHOT_DIR),
@@ -818,20 +834,16 @@ mod tests {
             Clock,
             None,
         )
-        .unwrap()
+    }
+
+    fn open(dir: &Path) -> StateMachineStore {
+        try_open(dir).unwrap()
     }
 
     /// Reopens a data dir once the previous store's persister let it go.
     async fn reopen(dir: &Path) -> StateMachineStore {
         for _ in 0..200 {
-            if let Ok(sm) = StateMachineStore::open(
-                &dir.join(STATE_FILE),
-                &dir.join(SNAPSHOT_DIR),
-                Arc::new(NoObserver),
-                Metrics::new(),
-                Clock,
-                None,
-            ) {
+            if let Ok(sm) = try_open(dir) {
                 return sm;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -911,13 +923,18 @@ mod tests {
     }
 
     fn acquire_cmd() -> Command {
+        acquire_of("request-0001", "orders/1", 7)
+    }
+
+    /// An acquire of `resource` by request `request_id`, under lease `lease`.
+    fn acquire_of(request_id: &str, resource: &str, lease: u128) -> Command {
         Command::Acquire(AcquireCmd {
-            request_id: RequestId::new("request-0001").unwrap(),
-            resource: ResourceName::new("orders/1").unwrap(),
+            request_id: RequestId::new(request_id).unwrap(),
+            resource: ResourceName::new(resource).unwrap(),
             holder: crate::types::Holder::new("h").unwrap(),
             ttl_ms: 30_000,
             wait: false,
-            lease_id: LeaseId::from_u128(7),
+            lease_id: LeaseId::from_u128(lease),
             max_waiters: 8,
         })
     }
@@ -1230,9 +1247,17 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn t34_a_snapshot_received_into_a_file_installs_and_is_kept_as_received() {
         let dir = TempDir::new().unwrap();
-        let (mut sm, _) = with_keys_and_a_lock(dir.path()).await;
+        let (mut sm, n) = with_keys_and_a_lock(dir.path()).await;
+        let second = acquire_of("request-0002", "orders/2", 8);
+        sm.apply(stream::iter([Ok((entry(n + 1, second), None))])).await.unwrap();
         let built = sm.build_snapshot().await.unwrap();
-        let sent = built.snapshot.into_bytes().await.unwrap();
+        // The rows in an order no build writes, so a body re-encoded from
+        // the state would differ from the one received.
+        let mut dump = TableDump::decode_format(&built.snapshot.into_bytes().await.unwrap(), SNAPSHOT_FORMAT).unwrap();
+        assert!(dump.resources.len() >= 2 && dump.dedup.len() >= 2);
+        dump.resources.reverse();
+        dump.dedup.reverse();
+        let sent = dump.encode_body().unwrap();
 
         let other = TempDir::new().unwrap();
         let mut fresh = open(other.path());
@@ -1243,7 +1268,7 @@ mod tests {
         let e = fresh.install_snapshot(&built.meta, damaged.body()).await.unwrap_err();
         assert!(e.to_string().contains("decode snapshot"), "{e}");
         assert_eq!(*fresh.read(), LockState::new(), "nothing installed");
-        assert_eq!(snapshot_files(other.path()), Vec::<String>::new(), "no file is left behind");
+        assert_eq!(snapshot_files(other.path()), Vec::<String>::new(), "the refused install wrote no snapshot file");
 
         let mut received = ReceivedSnapshot::create(&spool).await.unwrap();
         assert_eq!(snapshot_files(other.path()), Vec::<String>::new(), "the file being received has no name");
@@ -1255,9 +1280,35 @@ mod tests {
         let index = built.meta.last_log_id.as_ref().unwrap().index;
         assert_eq!(snapshot_files(other.path()), vec![snapshot_name(index)], "only the installed snapshot's file");
         let kept = fresh.get_current_snapshot().await.unwrap().expect("the installed snapshot is kept");
-        assert_eq!(kept.snapshot.into_bytes().await.unwrap(), sent, "kept as received");
+        assert_eq!(kept.snapshot.into_bytes().await.unwrap(), sent, "kept as received, not re-encoded");
         drop(fresh);
         let fresh = reopen(other.path()).await;
         assert_eq!(*fresh.read(), *sm.read(), "a restart loads the installed snapshot's file");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t34_a_format_4_file_whose_body_is_not_format_4_refuses_the_start() {
+        let dir = TempDir::new().unwrap();
+        let (mut sm, _) = with_keys_and_a_lock(dir.path()).await;
+        let built = sm.build_snapshot().await.unwrap();
+        drop(sm);
+        // Three zero bytes are a whole format-2 body (no rows): a file that
+        // says format 4 must not open as it, nor as an empty state.
+        let index = built.meta.last_log_id.as_ref().unwrap().index;
+        let path = dir.path().join(SNAPSHOT_DIR).join(snapshot_name(index));
+        let file = std::fs::read(&path).unwrap();
+        let start = file.len() - built.snapshot.len() as usize;
+        std::fs::write(&path, [&file[..start], &[0, 0, 0][..]].concat()).unwrap();
+        // Tried until the previous store let the data dir go (see `reopen`).
+        let mut e = try_open(dir.path()).err().expect("a damaged snapshot file refuses the start");
+        for _ in 0..200 {
+            if e.to_string().contains("not a format-4 body") {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            e = try_open(dir.path()).err().expect("a damaged snapshot file refuses the start");
+        }
+        assert!(e.to_string().contains("not a format-4 body"), "{e}");
+        assert!(e.to_string().contains(&dir.path().join(SNAPSHOT_DIR).display().to_string()), "{e}");
     }
 }

@@ -262,6 +262,57 @@ impl<'de, 's: 'de, R: Read + 'de> postcard::de_flavors::Flavor<'de> for &'s mut 
     }
 }
 
+/// Decodes `body` as it would be read in pieces of the `pieces` sizes (in
+/// turn) through a `buffer`-byte buffer, and checks the result against the
+/// whole-body decode ([`TableDump`] and [`state_from_dump`]): the same
+/// state, or both refuse it. Says how they differ. For the property test
+/// below and the fuzz target (`fencer_coordinator::fuzzing`).
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn check_against_whole(body: &[u8], pieces: &[usize], buffer: usize) -> Result<(), String> {
+    let reader = Pieces { bytes: body, sizes: pieces.to_vec(), next: 0 };
+    let streamed = decode_with(reader, body.len() as u64, buffer.max(1));
+    let tagged = postcard::take_from_bytes::<u64>(body).is_ok_and(|(tag, _)| tag == FORMAT_4_TAG);
+    if tagged && matches!(streamed, Ok(Streamed::NotFormat4)) {
+        return Err("a body that starts with the tag is said not to be format 4".into());
+    }
+    match (streamed, whole(body)) {
+        (Ok(Streamed::State(a)), Some(b)) if a == b => Ok(()),
+        (Ok(Streamed::State(_)), Some(_)) => Err("the two decodes give different states".into()),
+        (Ok(Streamed::State(_)), None) => Err("only the streamed decode accepts the body".into()),
+        (Ok(Streamed::NotFormat4) | Err(_), Some(_)) => Err("only the whole-body decode accepts the body".into()),
+        (Ok(Streamed::NotFormat4) | Err(_), None) => Ok(()),
+    }
+}
+
+/// The whole-body decode of a format-4 body: `None` for any error.
+#[cfg(any(test, feature = "fuzzing"))]
+fn whole(body: &[u8]) -> Option<LockState> {
+    use super::tables::{TableDump, state_from_dump};
+    let (tag, rest) = postcard::take_from_bytes::<u64>(body).ok()?;
+    let (dump, rest) = postcard::take_from_bytes::<TableDump>(rest).ok()?;
+    (tag == FORMAT_4_TAG && rest.is_empty()).then(|| state_from_dump(&dump).ok()).flatten()
+}
+
+/// Yields its bytes in pieces of the sizes given (in turn, each at least 1).
+#[cfg(any(test, feature = "fuzzing"))]
+struct Pieces<'a> {
+    bytes: &'a [u8],
+    sizes: Vec<usize>,
+    next: usize,
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl Read for Pieces<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let size = self.sizes.get(self.next % self.sizes.len().max(1)).copied().unwrap_or(usize::MAX).max(1);
+        self.next += 1;
+        let n = size.min(buf.len()).min(self.bytes.len());
+        buf[..n].copy_from_slice(&self.bytes[..n]);
+        self.bytes = &self.bytes[n..];
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The streamed decode against the whole-body one ([`TableDump`] and
@@ -272,35 +323,10 @@ mod tests {
 
     use super::*;
     use crate::golden::{GOLDEN_SNAPSHOT_BODY, GOLDEN_SNAPSHOT_BODY_DEDUP_V2, unhex};
-    use crate::store::tables::{TableDump, state_from_dump};
-
-    /// The whole-body decode of a format-4 body: `None` for any error.
-    fn whole(body: &[u8]) -> Option<LockState> {
-        let (tag, rest) = postcard::take_from_bytes::<u64>(body).ok()?;
-        let (dump, rest) = postcard::take_from_bytes::<TableDump>(rest).ok()?;
-        (tag == FORMAT_4_TAG && rest.is_empty()).then(|| state_from_dump(&dump).ok()).flatten()
-    }
+    use crate::store::tables::TableDump;
 
     fn streamed(body: &[u8], pieces: &[usize], buffer: usize) -> io::Result<Streamed> {
         decode_with(Pieces { bytes: body, sizes: pieces.to_vec(), next: 0 }, body.len() as u64, buffer)
-    }
-
-    /// Yields its bytes in pieces of the sizes given (in turn, at least 1).
-    struct Pieces<'a> {
-        bytes: &'a [u8],
-        sizes: Vec<usize>,
-        next: usize,
-    }
-
-    impl Read for Pieces<'_> {
-        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            let size = self.sizes.get(self.next % self.sizes.len().max(1)).copied().unwrap_or(usize::MAX).max(1);
-            self.next += 1;
-            let n = size.min(buf.len()).min(self.bytes.len());
-            buf[..n].copy_from_slice(&self.bytes[..n]);
-            self.bytes = &self.bytes[n..];
-            Ok(n)
-        }
     }
 
     fn goldens() -> [Vec<u8>; 2] {
@@ -339,10 +365,8 @@ mod tests {
             pieces in prop::collection::vec(1..40usize, 1..8),
             buffer in 1..64usize,
         ) {
-            let expected = whole(&body);
-            match streamed(&body, &pieces, buffer) {
-                Ok(Streamed::State(state)) => prop_assert_eq!(Some(state), expected),
-                Ok(Streamed::NotFormat4) | Err(_) => prop_assert!(expected.is_none(), "the whole-body decode accepts it"),
+            if let Err(e) = check_against_whole(&body, &pieces, buffer) {
+                prop_assert!(false, "{}", e);
             }
         }
     }
