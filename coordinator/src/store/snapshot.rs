@@ -787,13 +787,17 @@ pub(super) async fn install(shared: &Shared, meta: SnapshotMeta, body: SnapshotB
     })
     .await
     .map_err(|e| io_err("install task", e))??;
-    {
+    let old = {
         let mut state = shared.state.write().unwrap_or_else(|p| p.into_inner());
-        *state = new_state;
+        let old = std::mem::replace(&mut *state, new_state);
         shared.metrics.locks_held.set(state.lock_count() as i64);
         shared.metrics.waiters.set(state.waiter_count() as i64);
         shared.observer.on_state_replaced(&state);
-    }
+        old
+    };
+    // Freeing the old state (~500,000 rows at the seed state) is left to a
+    // blocking thread: not under the lock, not on an async worker thread.
+    drop(tokio::task::spawn_blocking(move || drop(old)));
     let mut applied = shared.applied.lock().unwrap_or_else(|p| p.into_inner());
     *applied = (meta.last_log_id, meta.last_membership.clone());
     // Counted in the nodes' logs by the history runs, like "built snapshot".
