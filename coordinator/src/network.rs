@@ -635,26 +635,26 @@ impl RaftRpc for RaftService {
     ) -> Result<Response<RaftPayload>, Status> {
         self.authenticate(&request)?;
         let mut stream = request.into_inner();
-        let mut header: Option<(Vote, SnapshotMeta)> = None;
-        // The body goes to a file as it arrives (issue 18: in memory, a
-        // follower catching up peaked at 321 MB).
-        let mut body: Option<ReceivedSnapshot> = None;
+        // The header of the first chunk, and the body, which goes to a file
+        // as it arrives (issue 18: in memory, a follower catching up peaked
+        // at 321 MB).
+        let mut received: Option<(Vote, SnapshotMeta, ReceivedSnapshot)> = None;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
             self.check(&chunk.cluster_id, chunk.from, chunk.to)?;
-            if header.is_none() {
-                let (vote, meta) = decode(&chunk.header, "snapshot header").map_err(bad_payload)?;
-                // Before anything is written down.
-                self.not_mine("install_snapshot", chunk.from, &vote)?;
-                header = Some((vote, meta));
-            }
-            let received = match body.as_mut() {
+            let (_, _, body) = match received.as_mut() {
                 Some(received) => received,
-                None => body.insert(ReceivedSnapshot::create(&self.snapshot_dir).await.map_err(not_received)?),
+                None => {
+                    let (vote, meta) = decode(&chunk.header, "snapshot header").map_err(bad_payload)?;
+                    // Before anything is written down.
+                    self.not_mine("install_snapshot", chunk.from, &vote)?;
+                    let body = ReceivedSnapshot::create(&self.snapshot_dir).await.map_err(not_received)?;
+                    received.insert((vote, meta, body))
+                }
             };
-            received.append(chunk.data).await.map_err(not_received)?;
+            body.append(chunk.data).await.map_err(not_received)?;
         }
-        let (Some((vote, meta)), Some(body)) = (header, body) else {
+        let Some((vote, meta, body)) = received else {
             return Err(Status::invalid_argument("empty snapshot stream"));
         };
         let snapshot = Snapshot { meta, snapshot: body.body() };

@@ -540,9 +540,9 @@ impl SnapshotBody {
     /// end; none from the end on). Reads the file, on a blocking thread,
     /// when the body is in one; an error names the file.
     pub(crate) async fn read_chunk(&self, at: u64, max: usize) -> io::Result<Vec<u8>> {
-        let n = self.len().saturating_sub(at).min(max as u64) as usize;
+        let (at, n) = (at.min(self.len()), self.len().saturating_sub(at).min(max as u64) as usize);
         match &self.0 {
-            Body::Bytes(bytes) => Ok(bytes.get(at as usize..).unwrap_or_default()[..n].to_vec()),
+            Body::Bytes(_) => self.read_range(at, n),
             Body::File { file, path, start, .. } => {
                 let (file, path, from) = (file.clone(), path.clone(), start + at);
                 tokio::task::spawn_blocking(move || read_file_range(&file, &path, from, n))
@@ -556,12 +556,12 @@ impl SnapshotBody {
     fn read_all(mut self) -> io::Result<Vec<u8>> {
         match &mut self.0 {
             Body::Bytes(bytes) => Ok(std::mem::take(bytes)),
-            Body::File { file, path, start, len } => read_file_range(file, path, *start, *len as usize),
+            Body::File { .. } => self.read_range(0, self.len() as usize),
         }
     }
 
     /// `n` bytes of the body from `at` (the caller keeps within its
-    /// length). Blocking.
+    /// length). Blocking when the body is in a file.
     fn read_range(&self, at: u64, n: usize) -> io::Result<Vec<u8>> {
         match &self.0 {
             Body::Bytes(bytes) => Ok(bytes[at as usize..at as usize + n].to_vec()),
