@@ -792,6 +792,17 @@ mod tests {
         assert!(misrouted(2, 2, 0).is_err());
     }
 
+    /// A snapshot the follower cannot write down (a full disk) is refused
+    /// as UNAVAILABLE, which the leader retries, with the cause in the text.
+    #[test]
+    fn a_snapshot_that_cannot_be_stored_is_refused_as_unavailable() {
+        let full = std::io::Error::new(std::io::ErrorKind::StorageFull, "write /data/snapshots: No space left");
+        let status = super::not_received(full);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(status.message().contains("could not store the snapshot"), "{}", status.message());
+        assert!(status.message().contains("No space left"), "{}", status.message());
+    }
+
     fn blank() -> SnapshotChunk {
         SnapshotChunk { cluster_id: "c".into(), from: 1, to: 2, header: Vec::new(), data: Vec::new() }
     }

@@ -626,6 +626,12 @@ impl ReceivedSnapshot {
             .map_err(|e| named(e, "write", path))
     }
 
+    /// A body received into `file`, for tests of a failing disk.
+    #[cfg(test)]
+    pub(crate) fn in_file(file: std::fs::File, path: PathBuf) -> Self {
+        Self(SnapshotBody(Body::File { file: Arc::new(file), path, start: 0, len: 0 }))
+    }
+
     /// The body received.
     pub(crate) fn body(self) -> SnapshotBody {
         self.0
@@ -1220,6 +1226,22 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("write /dev/full"), "{text}");
         assert!(text.contains("No space left on device"), "{text}");
+    }
+
+    /// A full disk while a snapshot is received: the write error keeps its
+    /// kind (the receive handler refuses the snapshot as UNAVAILABLE) and
+    /// names the file; the body's length counts only what was written.
+    #[tokio::test]
+    async fn t34_a_full_disk_while_receiving_a_snapshot_is_a_storage_full_error_by_name() {
+        let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+            eprintln!("SKIP: /dev/full is not available here");
+            return;
+        };
+        let mut received = ReceivedSnapshot::in_file(full, PathBuf::from("/dev/full"));
+        let e = received.append(vec![7; 4096]).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::StorageFull, "{e}");
+        assert!(e.to_string().contains("write /dev/full"), "{e}");
+        assert_eq!(received.body().len(), 0, "nothing counted as received");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
