@@ -12,9 +12,10 @@
 //!
 //! CPU is this process's user + system time from `/proc/self/stat` (10 ms
 //! ticks), so the flusher thread's share and the kernel's `fdatasync` work
-//! are in it. The log store's wall time per group is at least its 1 ms gap
-//! between durable commits (`log_store::MIN_COMMIT_GAP`), which a group
-//! waited on by the next one always meets.
+//! are in it. The log store's wall time per group is at least its gap
+//! between durable commits (`COMMIT_GAP`, 1 ms: the default until
+//! `--log-commit-gap`), which a group waited on by the next one always
+//! meets.
 #![allow(clippy::disallowed_types)] // wall time of a loop; no lease or test clock is involved
 
 use std::time::{Duration, Instant};
@@ -28,6 +29,8 @@ use openraft::storage::{IOFlushed, RaftLogStorage as _};
 use openraft::type_config::TypeConfigExt as _;
 
 const PER_GROUP: u64 = 6;
+/// The log store's gap between durable commits in this example's figures.
+const COMMIT_GAP: Duration = Duration::from_millis(1);
 
 /// This process's CPU time so far (user + system), from `/proc/self/stat`.
 fn cpu() -> Duration {
@@ -66,7 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::Builder::new().prefix("fencer-log-write-cost").tempdir_in(args.next().unwrap_or(".".into()))?;
 
     // The write-ahead log, through the store's own flusher thread.
-    let mut log = LogStore::open_with(&dir.path().join(LOG_DIR), Metrics::new(), WalOptions::default())?;
+    let mut log = LogStore::open_with(&dir.path().join(LOG_DIR), Metrics::new(), WalOptions::default(), COMMIT_GAP)?;
     let (cpu0, wall0) = (cpu(), Instant::now());
     for g in 0..groups {
         let entries: Vec<_> = (0..PER_GROUP).map(|k| entry(1 + g * PER_GROUP + k)).collect();

@@ -35,7 +35,7 @@ use crate::service::{LockService, QuorumAck, ServiceInner, register_keys};
 use crate::signing::NodeKeys;
 use crate::snapshot_schedule::SnapshotSchedule;
 use crate::state_machine::{AcquireCmd, Applied, Event, Grant, LockState, LogCommand};
-use crate::store::{ApplyObserver, LOG_DIR, LogStore, SNAPSHOT_DIR, STATE_FILE, StateMachineStore};
+use crate::store::{ApplyObserver, LOG_DIR, LogStore, SNAPSHOT_DIR, STATE_FILE, StateMachineStore, WalOptions};
 use crate::tenants::{Authenticator, Tenants};
 use crate::tls::{NodeTls, ServerTls, peer_client_tls};
 use crate::types::NodeId;
@@ -72,6 +72,12 @@ pub struct NodeConfig {
     /// ([`DEFAULT_REPLICATION_INTERVAL`]); zero sends each as soon as the
     /// previous one is answered.
     pub replication_interval: Duration,
+    /// The least time from the start of one durable group commit of the
+    /// raft log to the start of the next ([`LogStore::open_with`]); zero
+    /// commits each group as soon as the previous one is durable. `None`:
+    /// `replication_interval`, so that neither the leader's own sync nor a
+    /// follower's round holds a commit longer than the other.
+    pub log_commit_gap: Option<Duration>,
     /// Election timeout range (min, max).
     pub election_timeout: (Duration, Duration),
     /// Build a snapshot every this many log entries, each member at its own
@@ -154,6 +160,7 @@ impl NodeConfig {
             peers: BTreeMap::new(),
             heartbeat: DEFAULT_HEARTBEAT,
             replication_interval: DEFAULT_REPLICATION_INTERVAL,
+            log_commit_gap: None,
             election_timeout: (DEFAULT_ELECTION_TIMEOUT, DEFAULT_ELECTION_TIMEOUT * 2),
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
             snapshot_catchup_entries: None,
@@ -457,9 +464,10 @@ impl Node {
             _ => None,
         };
         let (log, sm) = {
+            let commit_gap = config.log_commit_gap.unwrap_or(config.replication_interval);
             let (dir, metrics) = (dir.clone(), metrics.clone());
             blocking(move || -> std::io::Result<(LogStore, StateMachineStore)> {
-                let log = LogStore::open(&dir.join(LOG_DIR), metrics.clone())?;
+                let log = LogStore::open_with(&dir.join(LOG_DIR), metrics.clone(), WalOptions::default(), commit_gap)?;
                 let sm = StateMachineStore::open(
                     &dir.join(STATE_FILE),
                     &dir.join(SNAPSHOT_DIR),

@@ -50,14 +50,6 @@ const KEY_PURGED: &str = "last_purged";
 const CACHE_FLUSHED_ENTRIES: usize = 8_192;
 /// Most operations one group commit covers.
 const MAX_GROUP: usize = 4_096;
-/// The least time from the start of one durable group commit to the start
-/// of the next. On a disk whose fsync takes 0.2 ms a busy node otherwise
-/// commits after almost every append (~5,000 commits a second at the seed
-/// workload, ~1.7 entries each), and each commit costs CPU beyond the
-/// fsync itself. Waiting out the rest of this gap gathers the appends that
-/// arrive meanwhile into one commit. On a slower disk a commit takes longer
-/// than the gap and nothing waits; an idle node's first write never waits.
-const MIN_COMMIT_GAP: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// State shared by the store handle, its readers and the flusher thread.
 struct Shared {
@@ -153,13 +145,27 @@ impl LogStore {
     /// Opens (or creates) the log in the directory `dir` and starts its
     /// flusher thread. A redb log of an earlier version next to it
     /// ([`LEGACY_LOG_FILE`]) is moved into it first. Blocking: call it from
-    /// `spawn_blocking` or before the runtime is busy.
+    /// `spawn_blocking` or before the runtime is busy. Durable group commits
+    /// start at least a node's default gap apart
+    /// ([`crate::DEFAULT_REPLICATION_INTERVAL`], see [`Self::open_with`]).
     pub fn open(dir: &Path, metrics: Arc<Metrics>) -> io::Result<Self> {
-        Self::open_with(dir, metrics, WalOptions::default())
+        Self::open_with(dir, metrics, WalOptions::default(), crate::node::DEFAULT_REPLICATION_INTERVAL)
     }
 
-    /// [`Self::open`] with the given segment sizes (tests use small ones).
-    pub fn open_with(dir: &Path, metrics: Arc<Metrics>, options: WalOptions) -> io::Result<Self> {
+    /// [`Self::open`] with the given segment sizes (tests use small ones)
+    /// and `commit_gap`, the least time from the start of one durable group
+    /// commit to the start of the next. Under load, each commit costs CPU
+    /// beyond its fsync (a write, wake-ups, acknowledgements); waiting out
+    /// the rest of the gap gathers the appends that arrive meanwhile into
+    /// one commit. On a disk slower than the gap nothing waits, and a
+    /// write after a quiet spell never does. Zero: each group as soon as
+    /// the previous one is durable.
+    pub fn open_with(
+        dir: &Path,
+        metrics: Arc<Metrics>,
+        options: WalOptions,
+        commit_gap: std::time::Duration,
+    ) -> io::Result<Self> {
         migrate_legacy(dir, options)?;
         let (writer, disk, recovered) = WalWriter::open(dir, options)?;
         let Meta { vote, committed, purged } = &recovered.meta;
@@ -183,7 +189,7 @@ impl LogStore {
         let flusher = shared.clone();
         thread::Builder::new()
             .name("fencer-log-flush".into())
-            .spawn(move || flusher_loop(flusher, writer, rx))
+            .spawn(move || flusher_loop(flusher, writer, rx, commit_gap))
             .map_err(|e| io_err("spawn log flusher", e))?;
         Ok(Self { shared, tx, closed: closed_rx })
     }
@@ -347,7 +353,7 @@ fn migrate_legacy(dir: &Path, options: WalOptions) -> io::Result<()> {
     Ok(())
 }
 
-fn flusher_loop(shared: Arc<Shared>, mut wal: WalWriter, rx: std_mpsc::Receiver<Op>) {
+fn flusher_loop(shared: Arc<Shared>, mut wal: WalWriter, rx: std_mpsc::Receiver<Op>, commit_gap: std::time::Duration) {
     let mut last_durable: Option<tokio::time::Instant> = None;
     while let Ok(first) = rx.recv() {
         let mut durable = first.needs_fsync();
@@ -366,7 +372,7 @@ fn flusher_loop(shared: Arc<Shared>, mut wal: WalWriter, rx: std_mpsc::Receiver<
         if durable
             && ops.len() < MAX_GROUP
             && let Some(left) =
-                last_durable.and_then(|t| (t + MIN_COMMIT_GAP).checked_duration_since(tokio::time::Instant::now()))
+                last_durable.and_then(|t| (t + commit_gap).checked_duration_since(tokio::time::Instant::now()))
         {
             std::thread::sleep(left);
             take_queued(&mut ops, &mut durable);

@@ -25,7 +25,13 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder 
             Some(segment_bytes) => WalOptions { segment_bytes, zero_chunk: 1024 },
             None => WalOptions::default(),
         };
-        let log = LogStore::open_with(&dir.path().join(LOG_DIR), metrics.clone(), options).expect("open log");
+        let log = LogStore::open_with(
+            &dir.path().join(LOG_DIR),
+            metrics.clone(),
+            options,
+            crate::DEFAULT_REPLICATION_INTERVAL,
+        )
+        .expect("open log");
         let sm = StateMachineStore::open(
             &dir.path().join(STATE_FILE),
             &dir.path().join(SNAPSHOT_DIR),
@@ -224,5 +230,67 @@ mod audit_order {
         let applied = reopened.expect("the store reopens").applied_index().unwrap_or(0);
         assert_eq!(applied, 3, "the state is the snapshot's; the log replays the rest");
         assert!(applied <= last_audited, "snapshot at {applied} passed the audit log at {last_audited}");
+    }
+}
+
+mod commit_gap {
+    //! `--log-commit-gap`: a durable write waits out the rest of the gap
+    //! after the previous one, and one after a quiet spell waits for nothing.
+
+    use std::time::Duration;
+
+    use openraft::alias::EntryOf;
+    use openraft::entry::RaftEntry;
+    use openraft::storage::{IOFlushed, RaftLogStorage};
+    use openraft::type_config::TypeConfigExt as _;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::state_machine::{Command, LogCommand};
+
+    fn entry(index: u64) -> EntryOf<TypeConfig> {
+        EntryOf::<TypeConfig>::new_normal(
+            openraft::testing::log_id::<TypeConfig>(1, 1, index),
+            LogCommand { at_ms: index, cmd: Command::PruneDedup { older_than_ms: index } },
+        )
+    }
+
+    /// Appends entry `index` and returns once the log says it is durable.
+    async fn append_durably(log: &mut LogStore, index: u64) {
+        let (tx, rx) = TypeConfig::oneshot();
+        log.append([entry(index)], IOFlushed::signal(tx)).await.unwrap();
+        rx.await.unwrap().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t23_a_durable_write_waits_out_the_commit_gap_unless_the_log_was_quiet() {
+        let gap = Duration::from_millis(1500);
+        let dir = TempDir::new().unwrap();
+        let mut log =
+            LogStore::open_with(&dir.path().join(LOG_DIR), Metrics::new(), WalOptions::default(), gap).unwrap();
+        let start = Instant::now();
+        append_durably(&mut log, 1).await;
+        // The first write's sync started after `start`, so the second one,
+        // queued right away, cannot start before `start + gap`.
+        append_durably(&mut log, 2).await;
+        assert!(start.elapsed() >= gap, "the second write waited {:?}, less than the gap", start.elapsed());
+
+        // A quiet spell longer than the gap: the next write is not held. The
+        // bound is the gap itself, so a slow disk cannot fail this by accident
+        // short of a sync slower than 1.5 s.
+        tokio::time::sleep(gap).await;
+        let quiet = Instant::now();
+        append_durably(&mut log, 3).await;
+        assert!(quiet.elapsed() < gap, "a write after a quiet spell waited {:?}", quiet.elapsed());
+
+        // Zero: the second write of a pair does not wait for a gap.
+        let other = TempDir::new().unwrap();
+        let mut log =
+            LogStore::open_with(&other.path().join(LOG_DIR), Metrics::new(), WalOptions::default(), Duration::ZERO)
+                .unwrap();
+        let start = Instant::now();
+        append_durably(&mut log, 1).await;
+        append_durably(&mut log, 2).await;
+        assert!(start.elapsed() < gap, "with no gap two writes took {:?}", start.elapsed());
     }
 }
