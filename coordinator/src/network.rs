@@ -75,7 +75,17 @@ pub trait Faults: Send + Sync + 'static {
     fn entries(&self, _from: NodeId, _to: NodeId) -> FaultAction {
         FaultAction::Pass
     }
+    /// Whether a snapshot that `from` sends to `to` is cut in the middle:
+    /// the first half of its body is sent, then the call is dropped as a
+    /// lost connection would drop it (the stream is reset, never ended).
+    fn cut_snapshot(&self, _from: NodeId, _to: NodeId) -> bool {
+        false
+    }
 }
+
+/// How long a snapshot cut by [`Faults::cut_snapshot`] stays open after its
+/// first chunk left, so that the chunk reaches the follower first.
+const CUT_SNAPSHOT_AFTER: Duration = Duration::from_millis(300);
 
 /// Builds one [`PeerClient`] per target node.
 #[derive(Clone)]
@@ -393,13 +403,34 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             to: self.target,
             header: Vec::new(),
             data: Vec::new(),
+            body_len: None,
         };
-        let (chunks, mut read_failed) = snapshot_chunks(snapshot.snapshot, header, blank, SNAPSHOT_CHUNK);
+        let cut = self.faults.as_ref().is_some_and(|f| f.cut_snapshot(self.from, self.target));
+        let size = if cut { (snapshot.snapshot.len() / 2).max(1) as usize } else { SNAPSHOT_CHUNK };
+        let (chunks, mut read_failed) = snapshot_chunks(snapshot.snapshot, header, blank, size);
+        let (chunks, first_taken) = if cut {
+            let (chunks, first_taken) = cut_after_first(chunks);
+            (futures::future::Either::Left(chunks), Some(first_taken))
+        } else {
+            (futures::future::Either::Right(chunks), None)
+        };
+        // A cut call is dropped once its first chunk has had time to arrive.
+        let cut_now = async move {
+            let Some(taken) = first_taken else { return std::future::pending().await };
+            match taken.await {
+                Ok(()) => tokio::time::sleep(CUT_SNAPSHOT_AFTER).await,
+                Err(_) => std::future::pending().await,
+            }
+        };
         let mut client = self.client().map_err(to_streaming)?;
         let send = client.install_snapshot(chunks);
         let ttl = option.hard_ttl().max(Duration::from_secs(30));
         let reply = tokio::select! {
             closed = cancel => return Err(StreamingError::Closed(closed)),
+            () = cut_now => {
+                let e = format!("install_snapshot {}->{} cut by fault injection", self.from, self.target);
+                return Err(to_streaming(unreachable(e)));
+            }
             // Dropping the call resets its stream: the follower sees an
             // error (and would refuse a body cut short, see snapshot_chunks).
             Ok(e) = &mut read_failed => return Err(StreamingError::Network(NetworkError::new(&e))),
@@ -413,6 +444,31 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             decode(&reply.data, "snapshot reply").map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         result.map_err(|remote| to_streaming(unreachable(format!("node {} refused snapshot: {remote}", self.target))))
     }
+}
+
+/// The chunks of a snapshot cut by [`Faults::cut_snapshot`]: the first
+/// one, then none; the receiver hears when the first one was taken. The
+/// stream ends well after the call is dropped (so the transport's task
+/// that sends it finishes instead of holding the connection open); should
+/// that end still reach the follower, the body is short of its declared
+/// length all the same.
+fn cut_after_first(
+    chunks: impl futures::Stream<Item = SnapshotChunk> + Send + 'static,
+) -> (impl futures::Stream<Item = SnapshotChunk> + Send + 'static, tokio::sync::oneshot::Receiver<()>) {
+    let (taken, first_taken) = tokio::sync::oneshot::channel();
+    let mut taken = Some(taken);
+    let chunks = chunks
+        .take(1)
+        .inspect(move |_| {
+            if let Some(taken) = taken.take() {
+                let _ = taken.send(());
+            }
+        })
+        .chain(
+            futures::stream::once(tokio::time::sleep(CUT_SNAPSHOT_AFTER * 2))
+                .filter_map(|()| std::future::ready(None::<SnapshotChunk>)),
+        );
+    (chunks, first_taken)
 }
 
 /// How long the chunk stream of a snapshot whose read failed stalls before
@@ -442,7 +498,9 @@ fn snapshot_chunks(
             match body.read_chunk(at, size).await {
                 Ok(data) => {
                     let next = at + data.len() as u64;
-                    let chunk = SnapshotChunk { header: header.unwrap_or_default(), data, ..blank };
+                    // The first chunk says how long the body is (see the proto).
+                    let body_len = header.is_some().then(|| body.len());
+                    let chunk = SnapshotChunk { header: header.unwrap_or_default(), data, body_len, ..blank };
                     Some((chunk, (body, next, None, failed)))
                 }
                 Err(e) => {
@@ -598,6 +656,19 @@ fn not_received(e: std::io::Error) -> Status {
     Status::unavailable(format!("this node could not store the snapshot: {e}"))
 }
 
+/// A snapshot stream that ended before the whole body arrived: logged here
+/// and refused, with nothing installed (the leader sends it again).
+fn cut_short(received: u64, declared: u64) -> Status {
+    tracing::warn!(
+        received,
+        declared,
+        "a snapshot stream ended before its whole body arrived (its sender cancelled it); nothing installed"
+    );
+    Status::aborted(format!(
+        "the snapshot stream ended after {received} of its {declared} bytes (its sender cancelled it); nothing installed"
+    ))
+}
+
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
     async fn append_entries(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
@@ -638,25 +709,44 @@ impl RaftRpc for RaftService {
         // The header of the first chunk, and the body, which goes to a file
         // as it arrives (issue 18: in memory, a follower catching up peaked
         // at 321 MB).
-        let mut received: Option<(Vote, SnapshotMeta, ReceivedSnapshot)> = None;
+        // The body's length as its sender declared it (`None`: a sender of
+        // a version before the declaration).
+        let mut received: Option<(Vote, SnapshotMeta, ReceivedSnapshot, Option<u64>)> = None;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
             self.check(&chunk.cluster_id, chunk.from, chunk.to)?;
-            let (_, _, body) = match received.as_mut() {
+            let (_, _, body, declared) = match received.as_mut() {
                 Some(received) => received,
                 None => {
                     let (vote, meta) = decode(&chunk.header, "snapshot header").map_err(bad_payload)?;
                     // Before anything is written down.
                     self.not_mine("install_snapshot", chunk.from, &vote)?;
                     let body = ReceivedSnapshot::create(&self.snapshot_dir).await.map_err(not_received)?;
-                    received.insert((vote, meta, body))
+                    received.insert((vote, meta, body, chunk.body_len))
                 }
             };
+            let len = body.len() + chunk.data.len() as u64;
+            if let Some(declared) = *declared
+                && len > declared
+            {
+                return Err(Status::invalid_argument(format!(
+                    "the snapshot stream carries more than the {declared} bytes its first chunk declared"
+                )));
+            }
             body.append(chunk.data).await.map_err(not_received)?;
         }
-        let Some((vote, meta, body)) = received else {
+        let Some((vote, meta, body, declared)) = received else {
             return Err(Status::invalid_argument("empty snapshot stream"));
         };
+        // A stream its sender cancelled ends like a finished one (see the
+        // proto's `body_len`): what arrived must be the whole body, or
+        // openraft would be handed half of one to install, and a failed
+        // install stops this node's raft.
+        if let Some(declared) = declared
+            && body.len() != declared
+        {
+            return Err(cut_short(body.len(), declared));
+        }
         let snapshot = Snapshot { meta, snapshot: body.body() };
         self.reply(self.raft.install_full_snapshot(vote, snapshot).await.map_err(|e| e.to_string()))
     }
@@ -804,7 +894,7 @@ mod tests {
     }
 
     fn blank() -> SnapshotChunk {
-        SnapshotChunk { cluster_id: "c".into(), from: 1, to: 2, header: Vec::new(), data: Vec::new() }
+        SnapshotChunk { cluster_id: "c".into(), from: 1, to: 2, header: Vec::new(), data: Vec::new(), body_len: None }
     }
 
     /// A snapshot goes out a chunk at a time, the header on the first only;
@@ -820,6 +910,8 @@ mod tests {
         assert_eq!(sizes, [3, 3, 3, 1]);
         assert_eq!(chunks[0].header, [9, 9]);
         assert!(chunks[1..].iter().all(|c| c.header.is_empty()), "the header travels once");
+        assert_eq!(chunks[0].body_len, Some(10), "the first chunk declares the body's length");
+        assert!(chunks[1..].iter().all(|c| c.body_len.is_none()), "once");
         assert!(chunks.iter().all(|c| c.cluster_id == "c" && c.from == 1 && c.to == 2));
         assert_eq!(chunks.iter().flat_map(|c| c.data.clone()).collect::<Vec<u8>>(), body);
 
@@ -827,6 +919,7 @@ mod tests {
         let chunks: Vec<SnapshotChunk> = chunks.collect().await;
         assert_eq!(chunks.len(), 1, "an empty body still carries the header");
         assert_eq!((chunks[0].header.as_slice(), chunks[0].data.len()), (&[7u8][..], 0));
+        assert_eq!(chunks[0].body_len, Some(0));
     }
 
     /// A read error mid-body is reported, and the stream does not end at

@@ -632,6 +632,11 @@ impl ReceivedSnapshot {
         Self(SnapshotBody(Body::File { file: Arc::new(file), path, start: 0, len: 0 }))
     }
 
+    /// Bytes received so far.
+    pub(crate) fn len(&self) -> u64 {
+        self.0.len()
+    }
+
     /// The body received.
     pub(crate) fn body(self) -> SnapshotBody {
         self.0

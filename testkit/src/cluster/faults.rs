@@ -33,6 +33,10 @@ struct NetRules {
     delayed: BTreeMap<(NodeId, NodeId), Duration>,
     /// Directions on which appends carrying entries are lost (heartbeats pass).
     held: BTreeSet<(NodeId, NodeId)>,
+    /// Directions on which the next snapshots are cut in the middle, and how many.
+    cut_snapshots: BTreeMap<(NodeId, NodeId), u32>,
+    /// Snapshots cut so far.
+    snapshots_cut: u32,
 }
 
 impl NetFaults {
@@ -74,9 +78,22 @@ impl NetFaults {
         self.rules().held.insert((from, to));
     }
 
-    /// Every rule removed.
+    /// The next `n` snapshots `from` sends `to` are cut in the middle (see
+    /// [`Faults::cut_snapshot`]).
+    pub fn cut_snapshots(&self, from: NodeId, to: NodeId, n: u32) {
+        self.rules().cut_snapshots.insert((from, to), n);
+    }
+
+    /// How many snapshots were cut in the middle so far.
+    pub fn snapshots_cut(&self) -> u32 {
+        self.rules().snapshots_cut
+    }
+
+    /// Every rule removed (the count of cut snapshots is kept).
     pub fn heal(&self) {
-        *self.rules() = NetRules::default();
+        let mut rules = self.rules();
+        let cut = rules.snapshots_cut;
+        *rules = NetRules { snapshots_cut: cut, ..NetRules::default() };
     }
 }
 
@@ -92,6 +109,18 @@ impl Faults for NetFaults {
 
     fn entries(&self, from: NodeId, to: NodeId) -> FaultAction {
         if self.rules().held.contains(&(from, to)) { FaultAction::Drop } else { FaultAction::Pass }
+    }
+
+    fn cut_snapshot(&self, from: NodeId, to: NodeId) -> bool {
+        let mut r = self.rules();
+        match r.cut_snapshots.get_mut(&(from, to)) {
+            Some(left) if *left > 0 => {
+                *left -= 1;
+                r.snapshots_cut += 1;
+                true
+            }
+            _ => false,
+        }
     }
 }
 

@@ -227,6 +227,17 @@ impl Cluster {
         self.net.hold_entries(from, to);
     }
 
+    /// The next `n` snapshots `from` sends `to` are cut in the middle: half
+    /// the body is sent, then the call is dropped (the stream reset).
+    pub fn cut_snapshots(&self, from: NodeId, to: NodeId, n: u32) {
+        self.net.cut_snapshots(from, to, n);
+    }
+
+    /// How many snapshots were cut in the middle so far.
+    pub fn snapshots_cut(&self) -> u32 {
+        self.net.snapshots_cut()
+    }
+
     /// The next client response from `n` is lost after `n` answered.
     pub fn drop_response_after_commit(&self, n: NodeId) {
         self.client_faults.drop_response_after_commit(n);
