@@ -76,8 +76,8 @@ pub trait Faults: Send + Sync + 'static {
         FaultAction::Pass
     }
     /// Whether a snapshot that `from` sends to `to` is cut in the middle:
-    /// the first half of its body is sent, then the call is dropped as a
-    /// lost connection would drop it (the stream is reset, never ended).
+    /// the first half of its body is sent, then the call is dropped, as the
+    /// leader drops it when its replication ends or the transfer times out.
     fn cut_snapshot(&self, _from: NodeId, _to: NodeId) -> bool {
         false
     }
@@ -431,8 +431,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
                 let e = format!("install_snapshot {}->{} cut by fault injection", self.from, self.target);
                 return Err(to_streaming(unreachable(e)));
             }
-            // Dropping the call resets its stream: the follower sees an
-            // error (and would refuse a body cut short, see snapshot_chunks).
+            // Dropping the call resets its stream, which the follower sees
+            // as an end: it refuses the body short of its declared length.
             Ok(e) = &mut read_failed => return Err(StreamingError::Network(NetworkError::new(&e))),
             r = tokio::time::timeout(ttl, send) => match r {
                 Err(_) => return Err(to_streaming(unreachable(format!("snapshot to node {} timed out", self.target)))),
@@ -478,9 +478,11 @@ const STALLED_SNAPSHOT_ENDS_AFTER: Duration = Duration::from_secs(10);
 /// The chunks of a snapshot on the wire, read from its body one at a time
 /// (so the body is never whole in memory to be sent): the first carries
 /// `header`, every one is `blank` with its data; a body of no bytes is one
-/// chunk. A read error is sent on the returned receiver and the stream then
-/// stalls for [`STALLED_SNAPSHOT_ENDS_AFTER`], so the caller drops the call
-/// first (a reset, not a clean end of a short body).
+/// chunk; the first declares the body's length. A read error is sent on
+/// the returned receiver and the stream then stalls for
+/// [`STALLED_SNAPSHOT_ENDS_AFTER`], so the caller drops the call first.
+/// Either way the follower receives less than the declared length and
+/// refuses it (a reset reaches it as an end, see the proto's `body_len`).
 fn snapshot_chunks(
     body: SnapshotBody,
     header: Vec<u8>,
@@ -509,9 +511,8 @@ fn snapshot_chunks(
                     }
                     // The caller drops the call at once, which resets the
                     // stream. Should the transport go on polling a dropped
-                    // call's body, it ends after a while: the follower then
-                    // refuses the short body when it decodes it (a body is
-                    // decoded exactly, and every strict prefix falls short).
+                    // call's body, it ends after a while; the follower
+                    // refuses the short body either way (its declared length).
                     tokio::time::sleep(STALLED_SNAPSHOT_ENDS_AFTER).await;
                     None
                 }

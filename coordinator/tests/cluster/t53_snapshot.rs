@@ -15,6 +15,18 @@ use fencer_testkit::history::{History, check_all};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Node `n` holds each `(resource, lease id, token)` as granted. The state's
+/// guard is let go on return (a held guard would stall the node's applies).
+fn assert_holds(c: &Cluster, n: u64, held: &[(String, String, u64)]) {
+    let node = c.node(n);
+    let state = node.state();
+    for (resource, lease, token) in held {
+        let lock = state.resource(&ResourceName::new(resource.as_str()).unwrap()).and_then(|r| r.lock.clone());
+        let lock = lock.unwrap_or_else(|| panic!("{resource} lost on the caught-up follower {n}"));
+        assert_eq!((lock.lease_id.to_string(), lock.token.0), (lease.clone(), *token));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t53_a_lagging_follower_catches_up_from_a_snapshot() {
     let c = Cluster::start_with(3, |cfg| cfg.snapshot_every = 100).await;
@@ -45,17 +57,9 @@ async fn t53_a_lagging_follower_catches_up_from_a_snapshot() {
 
     c.restart(lagging).await;
     assert_replicas_agree(&c, &c.ids(), TIMEOUT).await;
-    {
-        let node = c.node(lagging);
-        let state = node.state();
-        for (resource, lease, token) in &held {
-            let lock = state.resource(&ResourceName::new(resource.as_str()).unwrap()).and_then(|r| r.lock.clone());
-            let lock = lock.unwrap_or_else(|| panic!("{resource} lost on the caught-up follower"));
-            assert_eq!((lock.lease_id.to_string(), lock.token.0), (lease.clone(), *token));
-        }
-        // The request-id table came with the snapshot: retries keep their outcome.
-        assert!(state.dedup(&RequestId::new("snap-request-0001").unwrap()).is_some());
-    }
+    assert_holds(&c, lagging, &held);
+    // The request-id table came with the snapshot: retries keep their outcome.
+    assert!(c.node(lagging).state().dedup(&RequestId::new("snap-request-0001").unwrap()).is_some());
     // The caught-up follower can lead: tokens keep growing past the snapshot.
     c.crash(leader).await;
     let others: Vec<_> = c.ids().into_iter().filter(|n| *n != leader).collect();
@@ -104,15 +108,7 @@ async fn t53_a_snapshot_cut_in_the_middle_installs_nothing_and_the_next_attempt_
     c.restart(lagging).await;
     assert_replicas_agree(&c, &c.ids(), TIMEOUT).await;
     assert_eq!(c.snapshots_cut(), 1, "the first snapshot to the lagging node was cut");
-    {
-        let node = c.node(lagging);
-        let state = node.state();
-        for (resource, lease, token) in &held {
-            let lock = state.resource(&ResourceName::new(resource.as_str()).unwrap()).and_then(|r| r.lock.clone());
-            let lock = lock.unwrap_or_else(|| panic!("{resource} lost on the caught-up follower"));
-            assert_eq!((lock.lease_id.to_string(), lock.token.0), (lease.clone(), *token));
-        }
-    }
+    assert_holds(&c, lagging, &held);
     // Only snapshot files: nothing of the cut attempt is left with a name
     // (waited for: a build of the node's own may be writing its `.tmp`).
     let dir = c.config(lagging).data_dir.join(SNAPSHOT_DIR);
