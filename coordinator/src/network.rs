@@ -710,45 +710,36 @@ impl RaftRpc for RaftService {
         // The header of the first chunk, and the body, which goes to a file
         // as it arrives (issue 18: in memory, a follower catching up peaked
         // at 321 MB).
-        // The body's length as its sender declared it (`None`: a sender of
-        // a version before the declaration).
-        let mut received: Option<(Vote, SnapshotMeta, ReceivedSnapshot, Option<u64>)> = None;
+        let mut received: Option<(Vote, SnapshotMeta, ReceivedSnapshot)> = None;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
             self.check(&chunk.cluster_id, chunk.from, chunk.to)?;
-            let (_, _, body, declared) = match received.as_mut() {
+            let (_, _, body) = match received.as_mut() {
                 Some(received) => received,
                 None => {
                     let (vote, meta) = decode(&chunk.header, "snapshot header").map_err(bad_payload)?;
                     // Before anything is written down.
                     self.not_mine("install_snapshot", chunk.from, &vote)?;
-                    let body = ReceivedSnapshot::create(&self.snapshot_dir).await.map_err(not_received)?;
-                    received.insert((vote, meta, body, chunk.body_len))
+                    let body =
+                        ReceivedSnapshot::create(&self.snapshot_dir, chunk.body_len).await.map_err(not_received)?;
+                    received.insert((vote, meta, body))
                 }
             };
-            let len = body.len() + chunk.data.len() as u64;
-            if let Some(declared) = *declared
-                && len > declared
-            {
+            if let Some(declared) = body.would_exceed(chunk.data.len()) {
+                tracing::warn!(declared, "a snapshot stream carries more than its first chunk declared; refused");
                 return Err(Status::invalid_argument(format!(
                     "the snapshot stream carries more than the {declared} bytes its first chunk declared"
                 )));
             }
             body.append(chunk.data).await.map_err(not_received)?;
         }
-        let Some((vote, meta, body, declared)) = received else {
+        let Some((vote, meta, body)) = received else {
             return Err(Status::invalid_argument("empty snapshot stream"));
         };
-        // A stream its sender cancelled ends like a finished one (see the
-        // proto's `body_len`): what arrived must be the whole body, or
-        // openraft would be handed half of one to install, and a failed
-        // install stops this node's raft.
-        if let Some(declared) = declared
-            && body.len() != declared
-        {
-            return Err(cut_short(body.len(), declared));
-        }
-        let snapshot = Snapshot { meta, snapshot: body.body() };
+        // Only a whole body: openraft handed half of one fails to install
+        // it, and a failed install stops this node's raft.
+        let body = body.whole().map_err(|(received, declared)| cut_short(received, declared))?;
+        let snapshot = Snapshot { meta, snapshot: body };
         self.reply(self.raft.install_full_snapshot(vote, snapshot).await.map_err(|e| e.to_string()))
     }
 

@@ -595,17 +595,24 @@ impl SnapshotBody {
 /// file is gone when the body is dropped, also after a crash. Installing it
 /// reads it back ([`install`]).
 #[derive(Debug)]
-pub(crate) struct ReceivedSnapshot(SnapshotBody);
+pub(crate) struct ReceivedSnapshot {
+    body: SnapshotBody,
+    /// The length its sender declared (`None`: a sender of a version before
+    /// the declaration).
+    declared: Option<u64>,
+}
 
 impl ReceivedSnapshot {
-    /// An empty body, in a new unnamed file in `dir`.
-    pub(crate) async fn create(dir: &Path) -> io::Result<Self> {
+    /// An empty body, in a new unnamed file in `dir`, of the length its
+    /// sender `declared`.
+    pub(crate) async fn create(dir: &Path, declared: Option<u64>) -> io::Result<Self> {
         let dir = dir.to_path_buf();
         tokio::task::spawn_blocking(move || {
             let file = tempfile::tempfile_in(&dir)
                 .map_err(|e| named(e, "create a file for a snapshot being received in", &dir))?;
             let path = dir.join("(a snapshot being received)");
-            Ok(Self(SnapshotBody(Body::File { file: Arc::new(file), path, start: 0, len: 0 })))
+            let body = SnapshotBody(Body::File { file: Arc::new(file), path, start: 0, len: 0 });
+            Ok(Self { body, declared })
         })
         .await
         .map_err(|e| io_err("snapshot receive task", e))?
@@ -615,7 +622,7 @@ impl ReceivedSnapshot {
     /// (a full disk, say) keeps its kind and names the directory.
     pub(crate) async fn append(&mut self, data: Vec<u8>) -> io::Result<()> {
         use std::os::unix::fs::FileExt as _;
-        let Body::File { file, path, len, .. } = &mut self.0.0 else {
+        let Body::File { file, path, len, .. } = &mut self.body.0 else {
             return Err(io_err("receive a snapshot", "its body is not in a file")); // `create` makes one
         };
         let (handle, at) = (file.clone(), *len);
@@ -629,17 +636,29 @@ impl ReceivedSnapshot {
     /// A body received into `file`, for tests of a failing disk.
     #[cfg(test)]
     pub(crate) fn in_file(file: std::fs::File, path: PathBuf) -> Self {
-        Self(SnapshotBody(Body::File { file: Arc::new(file), path, start: 0, len: 0 }))
+        Self { body: SnapshotBody(Body::File { file: Arc::new(file), path, start: 0, len: 0 }), declared: None }
     }
 
-    /// Bytes received so far.
-    pub(crate) fn len(&self) -> u64 {
-        self.0.len()
+    /// The declared length, when `more` bytes would take the body past it.
+    pub(crate) fn would_exceed(&self, more: usize) -> Option<u64> {
+        self.declared.filter(|declared| self.body.len() + more as u64 > *declared)
     }
 
-    /// The body received.
+    /// The body, when it is whole; `Err((received, declared))` when the
+    /// stream ended short of its declared length (a stream its sender
+    /// cancelled ends like a finished one, see the raft proto's
+    /// `body_len`). A body whose length was not declared is taken as whole.
+    pub(crate) fn whole(self) -> Result<SnapshotBody, (u64, u64)> {
+        match self.declared {
+            Some(declared) if self.body.len() != declared => Err((self.body.len(), declared)),
+            _ => Ok(self.body),
+        }
+    }
+
+    /// The body received, whole or not.
+    #[cfg(test)]
     pub(crate) fn body(self) -> SnapshotBody {
-        self.0
+        self.body
     }
 }
 
@@ -1249,6 +1268,27 @@ mod tests {
         assert_eq!(received.body().len(), 0, "nothing counted as received");
     }
 
+    /// A received body is whole only at its declared length: one short of
+    /// it (a stream its sender cancelled) is refused, and so is a chunk
+    /// that would take it past; an undeclared length (an older sender) is
+    /// taken as whole.
+    #[tokio::test]
+    async fn t34_a_received_body_is_whole_only_at_its_declared_length() {
+        let dir = TempDir::new().unwrap();
+        let mut received = ReceivedSnapshot::create(dir.path(), Some(10)).await.unwrap();
+        received.append(vec![1; 6]).await.unwrap();
+        assert_eq!(received.would_exceed(4), None);
+        assert_eq!(received.would_exceed(5), Some(10), "past the declared length");
+        assert_eq!(received.whole().unwrap_err(), (6, 10), "short of it");
+        let mut received = ReceivedSnapshot::create(dir.path(), Some(10)).await.unwrap();
+        received.append(vec![1; 10]).await.unwrap();
+        assert_eq!(received.whole().map(|b| b.len()).unwrap(), 10);
+        let mut older = ReceivedSnapshot::create(dir.path(), None).await.unwrap();
+        older.append(vec![1; 6]).await.unwrap();
+        assert_eq!(older.would_exceed(1 << 20), None);
+        assert_eq!(older.whole().map(|b| b.len()).unwrap(), 6);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn t33_a_snapshot_view_built_twice_writes_the_same_state_twice() {
         let dir = TempDir::new().unwrap();
@@ -1294,14 +1334,14 @@ mod tests {
         let mut fresh = open(other.path());
         let spool = other.path().join(SNAPSHOT_DIR);
         // A damaged body is refused by name, and changes nothing.
-        let mut damaged = ReceivedSnapshot::create(&spool).await.unwrap();
+        let mut damaged = ReceivedSnapshot::create(&spool, None).await.unwrap();
         damaged.append(sent[..sent.len() - 1].to_vec()).await.unwrap();
         let e = fresh.install_snapshot(&built.meta, damaged.body()).await.unwrap_err();
         assert!(e.to_string().contains("decode snapshot"), "{e}");
         assert_eq!(*fresh.read(), LockState::new(), "nothing installed");
         assert_eq!(snapshot_files(other.path()), Vec::<String>::new(), "the refused install wrote no snapshot file");
 
-        let mut received = ReceivedSnapshot::create(&spool).await.unwrap();
+        let mut received = ReceivedSnapshot::create(&spool, None).await.unwrap();
         assert_eq!(snapshot_files(other.path()), Vec::<String>::new(), "the file being received has no name");
         for piece in sent.chunks(sent.len() / 3 + 1) {
             received.append(piece.to_vec()).await.unwrap();
