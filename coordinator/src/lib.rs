@@ -119,7 +119,7 @@ pub use self::clock::{Clock, Instant};
 pub use self::hot::{DEFAULT_HOT_CAPACITY, HOT_HALF_LIFE, HotOrder, HotResource, HotResources};
 pub use self::lease_clock::{LeaseClock, Overdue};
 pub use self::log_level::{LogControl, LogControlHandle};
-pub use self::metrics::{Metrics, OPS, OUTCOMES};
+pub use self::metrics::{Metrics, OPS, OUTCOMES, SNAPSHOT_REFUSALS};
 pub use self::network::{FaultAction, Faults};
 pub use self::node::{
     DEFAULT_ELECTION_TIMEOUT, DEFAULT_HEARTBEAT, DEFAULT_REPLICATION_INTERVAL, DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,

@@ -49,6 +49,19 @@ pub struct LimitLabels {
     pub limit: &'static str,
 }
 
+/// The `reason` label values of [`Metrics::snapshots_refused`]: a stream
+/// that ended before the length its first chunk declared (its sender
+/// cancelled it), one that carried more, and one this node could not write
+/// down (a full disk).
+pub const SNAPSHOT_REFUSALS: [&str; 3] = ["cut_short", "too_long", "not_stored"];
+
+/// Labels of the refused-snapshot counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// One of [`SNAPSHOT_REFUSALS`].
+    pub reason: &'static str,
+}
+
 /// Labels of the build info gauge.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
@@ -132,6 +145,9 @@ pub struct Metrics {
     pub snapshot_bytes: Gauge,
     /// Time to build a snapshot.
     pub snapshot_build_seconds: Histogram,
+    /// Snapshots sent to this node that it refused, with nothing installed,
+    /// by one of [`SNAPSHOT_REFUSALS`].
+    pub snapshots_refused: Family<RefusalLabels, Counter>,
     /// Last applied log index.
     pub applied_index: Gauge,
     /// Committed log index.
@@ -190,6 +206,7 @@ impl Metrics {
             state_persist_seconds: latency(),
             snapshot_bytes: Gauge::default(),
             snapshot_build_seconds: latency(),
+            snapshots_refused: Family::default(),
             applied_index: Gauge::default(),
             commit_index: Gauge::default(),
             audit_lines: Counter::default(),
@@ -206,6 +223,9 @@ impl Metrics {
         }
         for limit in ["per_resource", "total"] {
             let _ = m.waiter_limit_rejections.get_or_create(&LimitLabels { limit });
+        }
+        for reason in SNAPSHOT_REFUSALS {
+            let _ = m.snapshots_refused.get_or_create(&RefusalLabels { reason });
         }
         m.build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
 
@@ -304,6 +324,11 @@ impl Metrics {
             Unit::Seconds,
             m.snapshot_build_seconds.clone(),
         );
+        r.register(
+            "snapshots_refused",
+            "Snapshots sent to this node that it refused, with nothing installed, by reason",
+            m.snapshots_refused.clone(),
+        );
         r.register("raft_applied_index", "Last applied log index", m.applied_index.clone());
         r.register("raft_commit_index", "Committed log index", m.commit_index.clone());
         r.register("audit_lines", "Audit log lines written", m.audit_lines.clone());
@@ -333,6 +358,16 @@ impl Metrics {
     pub(crate) fn waiter_limit_reached(&self, per_resource: bool) {
         let limit = if per_resource { "per_resource" } else { "total" };
         self.waiter_limit_rejections.get_or_create(&LimitLabels { limit }).inc();
+    }
+
+    /// Counts a snapshot refused for `reason`, one of [`SNAPSHOT_REFUSALS`].
+    pub(crate) fn snapshot_refused(&self, reason: &'static str) {
+        self.snapshots_refused.get_or_create(&RefusalLabels { reason }).inc();
+    }
+
+    /// How many snapshots this node refused for `reason`.
+    pub fn snapshots_refused_for(&self, reason: &'static str) -> u64 {
+        self.snapshots_refused.get_or_create(&RefusalLabels { reason }).get()
     }
 
     /// Sets the gauges that depend on time and raft state.

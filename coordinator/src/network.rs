@@ -29,6 +29,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::bootstrap::ClusterId;
 use crate::clock::LastSeen;
+use crate::metrics::Metrics;
 use crate::raft::{RaftHandle, TypeConfig};
 use crate::store::{ReceivedSnapshot, SnapshotBody, decode, encode};
 use crate::tls::{ConnInfo, peer_endpoint};
@@ -652,14 +653,16 @@ fn bad_payload(e: std::io::Error) -> Status {
 
 /// A snapshot this node could not write down as it arrived (a full disk,
 /// say): logged here, and refused to the leader, which sends it again.
-fn not_received(e: std::io::Error) -> Status {
+fn not_received(metrics: &Metrics, e: std::io::Error) -> Status {
+    metrics.snapshot_refused("not_stored");
     tracing::warn!(error = %e, "could not store a snapshot being received; the leader will send it again");
     Status::unavailable(format!("this node could not store the snapshot: {e}"))
 }
 
 /// A snapshot stream that ended before the whole body arrived: logged here
 /// and refused, with nothing installed (the leader sends it again).
-fn cut_short(received: u64, declared: u64) -> Status {
+fn cut_short(metrics: &Metrics, received: u64, declared: u64) -> Status {
+    metrics.snapshot_refused("cut_short");
     tracing::warn!(
         received,
         declared,
@@ -710,6 +713,7 @@ impl RaftRpc for RaftService {
         // The header of the first chunk, and the body, which goes to a file
         // as it arrives (issue 18: in memory, a follower catching up peaked
         // at 321 MB).
+        let metrics = &self.svc.inner.metrics;
         let mut received: Option<(Vote, SnapshotMeta, ReceivedSnapshot)> = None;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
@@ -720,25 +724,27 @@ impl RaftRpc for RaftService {
                     let (vote, meta) = decode(&chunk.header, "snapshot header").map_err(bad_payload)?;
                     // Before anything is written down.
                     self.not_mine("install_snapshot", chunk.from, &vote)?;
-                    let body =
-                        ReceivedSnapshot::create(&self.snapshot_dir, chunk.body_len).await.map_err(not_received)?;
+                    let body = ReceivedSnapshot::create(&self.snapshot_dir, chunk.body_len)
+                        .await
+                        .map_err(|e| not_received(metrics, e))?;
                     received.insert((vote, meta, body))
                 }
             };
             if let Some(declared) = body.would_exceed(chunk.data.len()) {
+                metrics.snapshot_refused("too_long");
                 tracing::warn!(declared, "a snapshot stream carries more than its first chunk declared; refused");
                 return Err(Status::invalid_argument(format!(
                     "the snapshot stream carries more than the {declared} bytes its first chunk declared"
                 )));
             }
-            body.append(chunk.data).await.map_err(not_received)?;
+            body.append(chunk.data).await.map_err(|e| not_received(metrics, e))?;
         }
         let Some((vote, meta, body)) = received else {
             return Err(Status::invalid_argument("empty snapshot stream"));
         };
         // Only a whole body: openraft handed half of one fails to install
         // it, and a failed install stops this node's raft.
-        let body = body.whole().map_err(|(received, declared)| cut_short(received, declared))?;
+        let body = body.whole().map_err(|(received, declared)| cut_short(metrics, received, declared))?;
         let snapshot = Snapshot { meta, snapshot: body };
         self.reply(self.raft.install_full_snapshot(vote, snapshot).await.map_err(|e| e.to_string()))
     }
@@ -879,10 +885,28 @@ mod tests {
     #[test]
     fn a_snapshot_that_cannot_be_stored_is_refused_as_unavailable() {
         let full = std::io::Error::new(std::io::ErrorKind::StorageFull, "write /data/snapshots: No space left");
-        let status = super::not_received(full);
+        let metrics = crate::metrics::Metrics::new();
+        let status = super::not_received(&metrics, full);
         assert_eq!(status.code(), tonic::Code::Unavailable);
         assert!(status.message().contains("could not store the snapshot"), "{}", status.message());
         assert!(status.message().contains("No space left"), "{}", status.message());
+        assert_eq!(metrics.snapshots_refused_for("not_stored"), 1, "counted for operators");
+    }
+
+    /// A stream cut short is refused as ABORTED with both lengths in the
+    /// text, and counted.
+    #[test]
+    fn a_snapshot_cut_short_is_refused_as_aborted_and_counted() {
+        let metrics = crate::metrics::Metrics::new();
+        let status = super::cut_short(&metrics, 10, 30);
+        assert_eq!(status.code(), tonic::Code::Aborted);
+        assert!(status.message().contains("after 10 of its 30 bytes"), "{}", status.message());
+        assert_eq!(metrics.snapshots_refused_for("cut_short"), 1);
+        assert!(
+            metrics.encode().contains(r#"fencer_snapshots_refused_total{reason="cut_short"} 1"#),
+            "{}",
+            metrics.encode()
+        );
     }
 
     fn blank() -> SnapshotChunk {
