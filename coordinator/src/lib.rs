@@ -123,7 +123,8 @@ pub use self::metrics::{Metrics, OPS, OUTCOMES, SNAPSHOT_REFUSALS};
 pub use self::network::{FaultAction, Faults};
 pub use self::node::{
     DEFAULT_ELECTION_TIMEOUT, DEFAULT_HEARTBEAT, DEFAULT_REPLICATION_INTERVAL, DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
-    DEFAULT_SNAPSHOT_EVERY, MAX_REQUEST_BYTES, Node, NodeConfig, StartError,
+    DEFAULT_SNAPSHOT_EVERY, MAX_REQUEST_BYTES, Node, NodeConfig, SINGLE_VOTER_COMMIT_GAP, StartError,
+    default_commit_gap,
 };
 pub use self::policy::Policy;
 pub use self::raft::{RaftHandle, TypeConfig};

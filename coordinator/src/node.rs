@@ -75,8 +75,8 @@ pub struct NodeConfig {
     /// The least time from the start of one durable group commit of the
     /// raft log to the start of the next ([`LogStore::open_with`]); zero
     /// commits each group as soon as the previous one is durable. `None`:
-    /// `replication_interval`, so that neither the leader's own sync nor a
-    /// follower's round holds a commit longer than the other.
+    /// [`default_commit_gap`] of the cluster's voters, followed as they
+    /// change.
     pub log_commit_gap: Option<Duration>,
     /// Election timeout range (min, max).
     pub election_timeout: (Duration, Duration),
@@ -135,6 +135,22 @@ pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(150);
 /// CPU per operation by half for ~3 ms more median latency (issue 18;
 /// docs/performance.md, "Replication pacing").
 pub const DEFAULT_REPLICATION_INTERVAL: Duration = Duration::from_millis(4);
+
+/// The commit gap of a node that is its cluster's only voter, unless
+/// `--log-commit-gap` is given: there the log's own sync is the whole
+/// commit, and the replication interval (4 ms) as its gap put a single
+/// node's median acquire at 5.7 ms against 1.5 ms with this (seed load,
+/// docs/performance.md "The commit gap of a single node").
+pub const SINGLE_VOTER_COMMIT_GAP: Duration = Duration::from_millis(1);
+
+/// The default least time between two durable group commits of a node's
+/// raft log: with other voters, `replication_interval`, so that neither the
+/// leader's own sync nor a follower's round holds a commit longer than the
+/// other; as the only voter, [`SINGLE_VOTER_COMMIT_GAP`] (at most
+/// `replication_interval`), since no follower's round paces its commits.
+pub fn default_commit_gap(voters: usize, replication_interval: Duration) -> Duration {
+    if voters > 1 { replication_interval } else { SINGLE_VOTER_COMMIT_GAP.min(replication_interval) }
+}
 
 /// Default snapshot period in log entries (`--snapshot-every`), etcd's
 /// default too. Against 50,000 at the seed workload: half the builds, 2–4 µs
@@ -464,6 +480,8 @@ impl Node {
             _ => None,
         };
         let (log, sm) = {
+            // Until the membership is known (the metrics watcher follows it
+            // from then on when no gap is configured): as in a cluster.
             let commit_gap = config.log_commit_gap.unwrap_or(config.replication_interval);
             let (dir, metrics) = (dir.clone(), metrics.clone());
             blocking(move || -> std::io::Result<(LogStore, StateMachineStore)> {
@@ -666,6 +684,7 @@ impl Node {
             raft.clone(),
             metrics.clone(),
             SnapshotSchedule::new(config.snapshot_every, config.node_id),
+            config.log_commit_gap.is_none().then(|| CommitGapByVoters::new(log.clone(), config.replication_interval)),
             leader_tx,
             acked_tx,
             shutdown_rx.clone(),
@@ -724,6 +743,12 @@ impl Node {
     /// The raft handle.
     pub fn raft(&self) -> &RaftHandle {
         &self.raft
+    }
+
+    /// The raft log's commit gap now in force: `--log-commit-gap`, or
+    /// [`default_commit_gap`] of the cluster's voters.
+    pub fn log_commit_gap(&self) -> Duration {
+        self.log.commit_gap()
     }
 
     /// The node's metrics.
@@ -893,6 +918,28 @@ async fn join_cluster(ctx: JoinCtx, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
+/// Keeps the raft log's commit gap at [`default_commit_gap`] of the
+/// cluster's voters, when `--log-commit-gap` is not given.
+struct CommitGapByVoters {
+    log: LogStore,
+    replication_interval: Duration,
+}
+
+impl CommitGapByVoters {
+    fn new(log: LogStore, replication_interval: Duration) -> Self {
+        Self { log, replication_interval }
+    }
+
+    /// Sets the gap for `voters`, logging a change.
+    fn follow(&mut self, voters: usize) {
+        let gap = default_commit_gap(voters, self.replication_interval);
+        if self.log.commit_gap() != gap {
+            tracing::info!(voters, gap = ?gap, "raft log commit gap set for the cluster's voters");
+            self.log.set_commit_gap(gap);
+        }
+    }
+}
+
 /// Mirrors raft metrics into Prometheus gauges, counts leader changes and
 /// publishes the known leader (what held calls wait on, module `service`)
 /// and whether this node leads with a quorum acknowledgement in its term
@@ -901,6 +948,7 @@ async fn watch_metrics(
     raft: RaftHandle,
     metrics: Arc<Metrics>,
     mut snapshots: SnapshotSchedule,
+    mut commit_gap: Option<CommitGapByVoters>,
     leader: watch::Sender<Option<NodeId>>,
     quorum_ack: watch::Sender<QuorumAck>,
     mut shutdown: watch::Receiver<bool>,
@@ -929,6 +977,9 @@ async fn watch_metrics(
             quorum_ack.send_if_modified(|a| std::mem::replace(a, ack) != ack);
             let applied = m.last_applied.as_ref().map_or(0, |l| l.index);
             let snapshot = m.snapshot.as_ref().map_or(0, |l| l.index);
+            if let Some(gap) = commit_gap.as_mut() {
+                gap.follow(m.membership_config.membership().voter_ids().count());
+            }
             let members = m.membership_config.nodes().map(|(id, _)| *id);
             if snapshots.due(applied, snapshot, members, crate::clock::Instant::now()) {
                 tracing::debug!(applied, snapshot, "snapshot due");

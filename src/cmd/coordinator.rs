@@ -224,9 +224,9 @@ pub(crate) struct CoordinatorArgs {
     /// (one `fdatasync`) to the start of the next. Under load the appends
     /// that arrive meanwhile are written together: fewer syncs and thread
     /// wake-ups, so less CPU per operation. A write after a quiet spell is
-    /// never held. Default: --replication-interval, which a commit waits
-    /// for anyway in a cluster; a single node's commit is its own sync, so
-    /// there it is at most this much more latency under load. 0 syncs each
+    /// never held. Default: follows the cluster's voters: with others,
+    /// --replication-interval, which a commit waits for anyway; as the only
+    /// voter, 1 ms, since its own sync is the whole commit. 0 syncs each
     /// group as soon as the previous one is durable. At most --heartbeat
     /// (docs/cluster.md, "Timing").
     #[arg(long, env = "FENCER_LOG_COMMIT_GAP", value_parser = parse_duration)]
@@ -408,7 +408,7 @@ mod tests {
         assert_eq!(cli.args.heartbeat, fencer_coordinator::DEFAULT_HEARTBEAT);
         assert_eq!(cli.args.election_timeout, fencer_coordinator::DEFAULT_ELECTION_TIMEOUT);
         assert_eq!(cli.args.replication_interval, fencer_coordinator::DEFAULT_REPLICATION_INTERVAL);
-        assert_eq!(cli.args.log_commit_gap, None, "the replication interval");
+        assert_eq!(cli.args.log_commit_gap, None, "follows the voters");
         assert_eq!(cli.args.snapshot_every, fencer_coordinator::DEFAULT_SNAPSHOT_EVERY);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(cli.args.worker_threads(), (cpus / 2).max(1), "half the CPUs by default");

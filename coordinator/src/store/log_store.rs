@@ -19,6 +19,7 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
@@ -57,6 +58,10 @@ struct Shared {
     disk: Arc<WalIndex>,
     mem: Mutex<Mem>,
     metrics: Arc<Metrics>,
+    /// The commit gap in nanoseconds (see [`LogStore::open_with`]), read by
+    /// the flusher before each durable group; [`LogStore::set_commit_gap`]
+    /// changes it while the node runs.
+    commit_gap_ns: AtomicU64,
     /// Dropped (after `disk`) when the last handle goes: the files are closed.
     _closed: tokio::sync::watch::Sender<()>,
 }
@@ -183,15 +188,28 @@ impl LogStore {
             disk,
             mem: Mutex::new(Mem { cache: BTreeMap::new(), flushed_upto, last_log_id, last_purged, vote, committed }),
             metrics,
+            commit_gap_ns: AtomicU64::new(duration_ns(commit_gap)),
             _closed: closed,
         });
         let (tx, rx) = std_mpsc::channel();
         let flusher = shared.clone();
         thread::Builder::new()
             .name("fencer-log-flush".into())
-            .spawn(move || flusher_loop(flusher, writer, rx, commit_gap))
+            .spawn(move || flusher_loop(flusher, writer, rx))
             .map_err(|e| io_err("spawn log flusher", e))?;
         Ok(Self { shared, tx, closed: closed_rx })
+    }
+
+    /// Changes the commit gap (see [`Self::open_with`]) from the next
+    /// durable group on: a node sets it as its cluster's voters change
+    /// (module `node`).
+    pub fn set_commit_gap(&self, gap: std::time::Duration) {
+        self.shared.commit_gap_ns.store(duration_ns(gap), Ordering::Relaxed);
+    }
+
+    /// The commit gap now in force.
+    pub fn commit_gap(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.shared.commit_gap_ns.load(Ordering::Relaxed))
     }
 
     /// Whether the log in the directory `dir` (or the redb log of an
@@ -353,7 +371,12 @@ fn migrate_legacy(dir: &Path, options: WalOptions) -> io::Result<()> {
     Ok(())
 }
 
-fn flusher_loop(shared: Arc<Shared>, mut wal: WalWriter, rx: std_mpsc::Receiver<Op>, commit_gap: std::time::Duration) {
+/// A gap in whole nanoseconds (saturating: a gap is at most a heartbeat).
+fn duration_ns(gap: std::time::Duration) -> u64 {
+    u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn flusher_loop(shared: Arc<Shared>, mut wal: WalWriter, rx: std_mpsc::Receiver<Op>) {
     let mut last_durable: Option<tokio::time::Instant> = None;
     while let Ok(first) = rx.recv() {
         let mut durable = first.needs_fsync();
@@ -369,6 +392,7 @@ fn flusher_loop(shared: Arc<Shared>, mut wal: WalWriter, rx: std_mpsc::Receiver<
         // A durable group waits out the rest of the gap after the previous
         // one asleep, not woken by every append that arrives meanwhile (a
         // wake-up and a context switch each), then takes what is queued.
+        let commit_gap = std::time::Duration::from_nanos(shared.commit_gap_ns.load(Ordering::Relaxed));
         if durable
             && ops.len() < MAX_GROUP
             && let Some(left) =

@@ -293,4 +293,28 @@ mod commit_gap {
         append_durably(&mut log, 2).await;
         assert!(start.elapsed() < gap, "with no gap two writes took {:?}", start.elapsed());
     }
+
+    /// A gap set while the log is open holds from the next durable write
+    /// on (a node follows its cluster's voters this way), both ways.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t23_a_commit_gap_set_while_open_holds_from_the_next_write() {
+        let gap = Duration::from_millis(1500);
+        let dir = TempDir::new().unwrap();
+        let mut log =
+            LogStore::open_with(&dir.path().join(LOG_DIR), Metrics::new(), WalOptions::default(), Duration::ZERO)
+                .unwrap();
+        assert_eq!(log.commit_gap(), Duration::ZERO);
+        log.set_commit_gap(gap);
+        assert_eq!(log.commit_gap(), gap);
+        let start = Instant::now();
+        append_durably(&mut log, 1).await;
+        append_durably(&mut log, 2).await;
+        assert!(start.elapsed() >= gap, "the raised gap was not waited out: {:?}", start.elapsed());
+
+        log.set_commit_gap(Duration::ZERO);
+        let start = Instant::now();
+        append_durably(&mut log, 3).await;
+        append_durably(&mut log, 4).await;
+        assert!(start.elapsed() < gap, "the lowered gap still held the writes: {:?}", start.elapsed());
+    }
 }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use fencer_coordinator::{Node, NodeConfig, NodeId, StartError};
+use fencer_coordinator::{Node, NodeConfig, NodeId, SINGLE_VOTER_COMMIT_GAP, StartError};
 use fencer_proto::v1::{AddLearnerRequest, ChangeMembershipRequest, GetLockRequest};
 use fencer_testkit::cluster::Cluster;
 use fencer_testkit::cluster::replicas::assert_replicas_agree;
@@ -197,6 +197,52 @@ async fn t52_a_dead_node_is_replaced_add_learner_promote_remove() {
     }
     check_all(&h.ops());
     c.shutdown().await;
+}
+
+/// Without `--log-commit-gap`, a node's raft-log commit gap follows its
+/// cluster's voters: the replication interval with other voters (a
+/// follower's round paces the commit anyway), 1 ms as the only one (its own
+/// sync is the whole commit), changing as voters join and leave. A gap
+/// that was configured stays whatever the voters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t52_the_log_commit_gap_follows_the_voters_unless_configured() {
+    let c = Cluster::start(1).await;
+    let interval = c.config(1).replication_interval;
+    assert!(interval > SINGLE_VOTER_COMMIT_GAP, "the test needs the two defaults apart");
+    let gaps_are = |what: &'static str, nodes: &'static [NodeId], gap: Duration| {
+        let c = &c;
+        eventually(what, TIMEOUT, move || async move {
+            nodes.iter().all(|n| c.node(*n).log_commit_gap() == gap).then_some(())
+        })
+    };
+    gaps_are("a lone voter commits 1 ms apart", &[1], SINGLE_VOTER_COMMIT_GAP).await;
+
+    let addr2 = c.add_node(2).await;
+    eventually("node 2 adopts the cluster", TIMEOUT, || async {
+        (c.node(2).cluster_id() == c.node(1).cluster_id()).then_some(())
+    })
+    .await;
+    // Node 1 leads alone (node 2, not a member yet, follows no one).
+    let mut admin = c.admin(c.leader_among(&[1], TIMEOUT).await);
+    admin.add_learner(AddLearnerRequest { node_id: 2, addr: addr2 }).await.expect("add learner");
+    admin.change_membership(ChangeMembershipRequest { voters: vec![1, 2], retain: false }).await.expect("promote");
+    gaps_are("two voters commit a replication interval apart", &[1, 2], interval).await;
+
+    let mut admin = c.admin(c.leader_among(&[1, 2], TIMEOUT).await);
+    admin.change_membership(ChangeMembershipRequest { voters: vec![1], retain: false }).await.expect("remove node 2");
+    gaps_are("a lone voter again commits 1 ms apart", &[1], SINGLE_VOTER_COMMIT_GAP).await;
+    c.shutdown().await;
+
+    let configured = Duration::from_millis(3);
+    for n in [1, 3] {
+        let c = Cluster::start_with(n, |cfg| cfg.log_commit_gap = Some(configured)).await;
+        c.leader(TIMEOUT).await;
+        c.settled(TIMEOUT).await;
+        for id in c.ids() {
+            assert_eq!(c.node(id).log_commit_gap(), configured, "node {id} of {n}");
+        }
+        c.shutdown().await;
+    }
 }
 
 /// A raft message reaching a node it was not sent to (a peer list that
