@@ -930,8 +930,13 @@ impl CommitGapByVoters {
         Self { log, replication_interval }
     }
 
-    /// Sets the gap for `voters`, logging a change.
+    /// Sets the gap for `voters`, logging a change. No voters: the
+    /// membership is not known yet (a node starting, or a pristine one
+    /// looking for its cluster); the gap stays as it is.
     fn follow(&mut self, voters: usize) {
+        if voters == 0 {
+            return;
+        }
         let gap = default_commit_gap(voters, self.replication_interval);
         if self.log.commit_gap() != gap {
             tracing::info!(voters, gap = ?gap, "raft log commit gap set for the cluster's voters");
