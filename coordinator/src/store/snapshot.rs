@@ -790,11 +790,27 @@ fn decode_state(body: &SnapshotBody) -> io::Result<(LockState, u32)> {
     }
 }
 
-/// Installs a snapshot: validates it, records it in the audit log, writes
-/// the snapshot file, then swaps the in-memory state. The body is decoded
-/// as it is read, and a format-4 body is copied into the file as received;
-/// an older one is written in today's format, from the state.
+/// Installs a snapshot: lets the old state go, decodes the new one,
+/// records it in the audit log, writes the snapshot file, then puts the new
+/// state in place. The body is decoded as it is read, and a format-4 body
+/// is copied into the file as received; an older one is written in today's
+/// format, from the state.
+///
+/// The old state is freed before the new one is decoded, not after the
+/// swap: both at once put a follower catching up at the seed state ~100 MB
+/// above its plateau (docs/performance.md, "A follower's install without
+/// the old state"). Only a follower installs, and a follower answers no
+/// lock reads (they are the leader's, linearizable): in between, what sees
+/// the empty state is this node's status and console counts and its
+/// signing-key check, which at worst proposes its key's registration again
+/// (answered `AlreadyRegistered`: one log entry that changes nothing).
+/// A failed install stops this node's raft (a storage error) either way;
+/// its snapshot file and log are untouched, and a restart loads them.
 pub(super) async fn install(shared: &Shared, meta: SnapshotMeta, body: SnapshotBody) -> io::Result<()> {
+    let old = std::mem::take(&mut *shared.state.write().unwrap_or_else(|p| p.into_inner()));
+    // Freed on a blocking thread (~500,000 rows at the seed state), and
+    // before the decode starts, so the two never add up.
+    tokio::task::spawn_blocking(move || drop(old)).await.map_err(|e| io_err("install task", e))?;
     let (new_state, format, body) = tokio::task::spawn_blocking(move || -> io::Result<_> {
         let (state, format) = decode_state(&body)?;
         Ok((state, format, body))
@@ -817,17 +833,13 @@ pub(super) async fn install(shared: &Shared, meta: SnapshotMeta, body: SnapshotB
     })
     .await
     .map_err(|e| io_err("install task", e))??;
-    let old = {
+    {
         let mut state = shared.state.write().unwrap_or_else(|p| p.into_inner());
-        let old = std::mem::replace(&mut *state, new_state);
+        *state = new_state;
         shared.metrics.locks_held.set(state.lock_count() as i64);
         shared.metrics.waiters.set(state.waiter_count() as i64);
         shared.observer.on_state_replaced(&state);
-        old
-    };
-    // Freeing the old state (~500,000 rows at the seed state) is left to a
-    // blocking thread: not under the lock, not on an async worker thread.
-    drop(tokio::task::spawn_blocking(move || drop(old)));
+    }
     let mut applied = shared.applied.lock().unwrap_or_else(|p| p.into_inner());
     *applied = (meta.last_log_id, meta.last_membership.clone());
     // Counted in the nodes' logs by the history runs, like "built snapshot".
