@@ -673,6 +673,16 @@ fn cut_short(metrics: &Metrics, received: u64, declared: u64) -> Status {
     ))
 }
 
+/// A snapshot stream that carries more than its first chunk declared:
+/// logged here and refused, with nothing installed.
+fn too_long(metrics: &Metrics, declared: u64) -> Status {
+    metrics.snapshot_refused("too_long");
+    tracing::warn!(declared, "a snapshot stream carries more than its first chunk declared; refused");
+    Status::invalid_argument(format!(
+        "the snapshot stream carries more than the {declared} bytes its first chunk declared"
+    ))
+}
+
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
     async fn append_entries(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
@@ -731,11 +741,7 @@ impl RaftRpc for RaftService {
                 }
             };
             if let Some(declared) = body.would_exceed(chunk.data.len()) {
-                metrics.snapshot_refused("too_long");
-                tracing::warn!(declared, "a snapshot stream carries more than its first chunk declared; refused");
-                return Err(Status::invalid_argument(format!(
-                    "the snapshot stream carries more than the {declared} bytes its first chunk declared"
-                )));
+                return Err(too_long(metrics, declared));
             }
             body.append(chunk.data).await.map_err(|e| not_received(metrics, e))?;
         }
@@ -894,14 +900,19 @@ mod tests {
     }
 
     /// A stream cut short is refused as ABORTED with both lengths in the
-    /// text, and counted.
+    /// text, one that runs past its length as INVALID_ARGUMENT, each
+    /// counted under its reason.
     #[test]
-    fn a_snapshot_cut_short_is_refused_as_aborted_and_counted() {
+    fn a_snapshot_cut_short_or_too_long_is_refused_and_counted() {
         let metrics = crate::metrics::Metrics::new();
         let status = super::cut_short(&metrics, 10, 30);
         assert_eq!(status.code(), tonic::Code::Aborted);
         assert!(status.message().contains("after 10 of its 30 bytes"), "{}", status.message());
         assert_eq!(metrics.snapshots_refused_for("cut_short"), 1);
+        let status = super::too_long(&metrics, 30);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains("more than the 30 bytes"), "{}", status.message());
+        assert_eq!(metrics.snapshots_refused_for("too_long"), 1);
         assert!(
             metrics.encode().contains(r#"fencer_snapshots_refused_total{reason="cut_short"} 1"#),
             "{}",

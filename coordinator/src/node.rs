@@ -684,7 +684,10 @@ impl Node {
             raft.clone(),
             metrics.clone(),
             SnapshotSchedule::new(config.snapshot_every, config.node_id),
-            config.log_commit_gap.is_none().then(|| CommitGapByVoters::new(log.clone(), config.replication_interval)),
+            config
+                .log_commit_gap
+                .is_none()
+                .then(|| CommitGapByVoters { log: log.clone(), replication_interval: config.replication_interval }),
             leader_tx,
             acked_tx,
             shutdown_rx.clone(),
@@ -926,14 +929,10 @@ struct CommitGapByVoters {
 }
 
 impl CommitGapByVoters {
-    fn new(log: LogStore, replication_interval: Duration) -> Self {
-        Self { log, replication_interval }
-    }
-
     /// Sets the gap for `voters`, logging a change. No voters: the
     /// membership is not known yet (a node starting, or a pristine one
     /// looking for its cluster); the gap stays as it is.
-    fn follow(&mut self, voters: usize) {
+    fn follow(&self, voters: usize) {
         if voters == 0 {
             return;
         }
@@ -953,7 +952,7 @@ async fn watch_metrics(
     raft: RaftHandle,
     metrics: Arc<Metrics>,
     mut snapshots: SnapshotSchedule,
-    mut commit_gap: Option<CommitGapByVoters>,
+    commit_gap: Option<CommitGapByVoters>,
     leader: watch::Sender<Option<NodeId>>,
     quorum_ack: watch::Sender<QuorumAck>,
     mut shutdown: watch::Receiver<bool>,
@@ -982,7 +981,7 @@ async fn watch_metrics(
             quorum_ack.send_if_modified(|a| std::mem::replace(a, ack) != ack);
             let applied = m.last_applied.as_ref().map_or(0, |l| l.index);
             let snapshot = m.snapshot.as_ref().map_or(0, |l| l.index);
-            if let Some(gap) = commit_gap.as_mut() {
+            if let Some(gap) = &commit_gap {
                 gap.follow(m.membership_config.membership().voter_ids().count());
             }
             let members = m.membership_config.nodes().map(|(id, _)| *id);

@@ -33,10 +33,8 @@ struct NetRules {
     delayed: BTreeMap<(NodeId, NodeId), Duration>,
     /// Directions on which appends carrying entries are lost (heartbeats pass).
     held: BTreeSet<(NodeId, NodeId)>,
-    /// Directions on which the next snapshots are cut in the middle, and how many.
-    cut_snapshots: BTreeMap<(NodeId, NodeId), u32>,
-    /// Snapshots cut so far.
-    snapshots_cut: u32,
+    /// Directions on which every snapshot is cut in the middle.
+    cut_snapshots: BTreeSet<(NodeId, NodeId)>,
 }
 
 impl NetFaults {
@@ -78,22 +76,15 @@ impl NetFaults {
         self.rules().held.insert((from, to));
     }
 
-    /// The next `n` snapshots `from` sends `to` are cut in the middle (see
-    /// [`Faults::cut_snapshot`]).
-    pub fn cut_snapshots(&self, from: NodeId, to: NodeId, n: u32) {
-        self.rules().cut_snapshots.insert((from, to), n);
+    /// Every snapshot `from` sends `to` is cut in the middle (see
+    /// [`Faults::cut_snapshot`]) until [`heal`](Self::heal).
+    pub fn cut_snapshots(&self, from: NodeId, to: NodeId) {
+        self.rules().cut_snapshots.insert((from, to));
     }
 
-    /// How many snapshots were cut in the middle so far.
-    pub fn snapshots_cut(&self) -> u32 {
-        self.rules().snapshots_cut
-    }
-
-    /// Every rule removed (the count of cut snapshots is kept).
+    /// Every rule removed.
     pub fn heal(&self) {
-        let mut rules = self.rules();
-        let cut = rules.snapshots_cut;
-        *rules = NetRules { snapshots_cut: cut, ..NetRules::default() };
+        *self.rules() = NetRules::default();
     }
 }
 
@@ -112,15 +103,7 @@ impl Faults for NetFaults {
     }
 
     fn cut_snapshot(&self, from: NodeId, to: NodeId) -> bool {
-        let mut r = self.rules();
-        match r.cut_snapshots.get_mut(&(from, to)) {
-            Some(left) if *left > 0 => {
-                *left -= 1;
-                r.snapshots_cut += 1;
-                true
-            }
-            _ => false,
-        }
+        self.rules().cut_snapshots.contains(&(from, to))
     }
 }
 

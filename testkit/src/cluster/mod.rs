@@ -227,15 +227,11 @@ impl Cluster {
         self.net.hold_entries(from, to);
     }
 
-    /// The next `n` snapshots `from` sends `to` are cut in the middle: half
-    /// the body is sent, then the call is dropped (the stream reset).
-    pub fn cut_snapshots(&self, from: NodeId, to: NodeId, n: u32) {
-        self.net.cut_snapshots(from, to, n);
-    }
-
-    /// How many snapshots were cut in the middle so far.
-    pub fn snapshots_cut(&self) -> u32 {
-        self.net.snapshots_cut()
+    /// Every snapshot `from` sends `to` is cut in the middle until
+    /// [`heal`](Self::heal): half the body is sent, then the call is dropped
+    /// (the stream reset).
+    pub fn cut_snapshots(&self, from: NodeId, to: NodeId) {
+        self.net.cut_snapshots(from, to);
     }
 
     /// The next client response from `n` is lost after `n` answered.
