@@ -56,6 +56,70 @@ impl WebDriverCompatibleCommand for BrowserLog {
     }
 }
 
+/// Whether chromedriver at `addr` answers its WebDriver `GET /status` as
+/// ready: what listens there is chromedriver, not another process that took
+/// the port between its choice and chromedriver's bind.
+async fn driver_ready(addr: std::net::SocketAddr) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let ask = async {
+        let mut conn = tokio::net::TcpStream::connect(addr).await?;
+        conn.write_all(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").await?;
+        // chromedriver keeps the connection open after its answer: read
+        // until the answer says whether it is ready (the timeout bounds it).
+        let mut answer = String::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = conn.read(&mut buf).await?;
+            answer.push_str(&String::from_utf8_lossy(&buf[..n]).replace(' ', ""));
+            if n == 0 || answer.contains("\"ready\":") {
+                return std::io::Result::Ok(answer.contains("\"ready\":true"));
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(2), ask).await.is_ok_and(|r| r.unwrap_or(false))
+}
+
+/// Starts chromedriver on a free loopback port and waits until it answers
+/// as ready; on a port taken meanwhile (chromedriver exits, or another
+/// process answers), tries a fresh one, three times at most.
+async fn start_driver(log_dir: &Path) -> (Proc, std::net::SocketAddr) {
+    const ATTEMPTS: usize = 3;
+    let log = log_dir.join("chromedriver.log");
+    for attempt in 1..=ATTEMPTS {
+        let port = free_addr().port();
+        let mut cmd = Command::new(CHROMEDRIVER);
+        cmd.arg(format!("--port={port}"))
+            .arg(format!("--log-path={}", log_dir.join("chromedriver.verbose.log").display()));
+        let mut driver = Proc::spawn("chromedriver", &mut cmd, &log);
+        // chromedriver listens on localhost; the free address only chose the port.
+        let local = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if driver_ready(local).await {
+                return (driver, local);
+            }
+            if let Some(status) = driver.exited() {
+                assert!(
+                    attempt < ATTEMPTS,
+                    "chromedriver exited ({status}) {ATTEMPTS} times; its log:\n{}",
+                    driver.log_text()
+                );
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                assert!(
+                    attempt < ATTEMPTS,
+                    "chromedriver did not answer as ready on {local} within 20 s, {ATTEMPTS} times; its log:\n{}",
+                    driver.log_text()
+                );
+                break;
+            }
+            tokio::time::sleep(POLL_EVERY).await;
+        }
+    }
+    unreachable!("every attempt either returns or panics on the last one")
+}
+
 impl Browser {
     /// Starts chromedriver and a headless Chromium; `None` (after a loud
     /// `SKIPPED` naming `test`) when either is not installed, and a panic
@@ -67,27 +131,7 @@ impl Browser {
         {
             return None;
         }
-        let addr = free_addr();
-        let log = log_dir.join("chromedriver.log");
-        let mut cmd = Command::new(CHROMEDRIVER);
-        cmd.arg(format!("--port={}", addr.port()))
-            .arg(format!("--log-path={}", log_dir.join("chromedriver.verbose.log").display()));
-        let mut driver = Proc::spawn("chromedriver", &mut cmd, &log);
-        // chromedriver listens on localhost; `addr` only chose the port.
-        let local = std::net::SocketAddr::from(([127, 0, 0, 1], addr.port()));
-        // Listening is enough: the session request below waits for the rest.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(local).await.is_err() {
-            if let Some(status) = driver.exited() {
-                panic!("chromedriver exited ({status}); its log:\n{}", driver.log_text());
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "chromedriver did not listen on {local} within 20 s; its log:\n{}",
-                driver.log_text()
-            );
-            tokio::time::sleep(POLL_EVERY).await;
-        }
+        let (driver, local) = start_driver(log_dir).await;
         let profile = tempfile::tempdir().expect("a temporary dir for the browser profile");
         let args = vec![
             "--headless=new".to_string(),
