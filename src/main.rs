@@ -6,12 +6,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-/// mimalloc instead of glibc malloc: under a coordinator's many-threaded load
-/// glibc's per-thread arenas fragmented to 2-4x the live heap (fencer bench:
-/// 400 MB RSS for a 100 MB heap); mimalloc returns freed memory promptly.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
+mod allocator;
 mod cmd;
 mod exit;
 mod output;
@@ -102,6 +97,10 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // A coordinator frees its whole state when it installs a snapshot
+    // (module `allocator`); the proxy and the CLI keep mimalloc's default.
+    let purge_delay =
+        matches!(cli.command, Command::Coordinator(_) | Command::Dev(_)).then(allocator::purge_freed_memory_at_once);
     let log_filter = match init_tracing(&cli.log, cli.log_format) {
         Ok(f) => f,
         Err(e) => {
@@ -109,6 +108,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    match purge_delay {
+        Some(allocator::PurgeDelay::Set(ms)) => {
+            tracing::debug!(purge_delay_ms = ?ms, "allocator: purge delay from {}", allocator::PURGE_DELAY_VAR)
+        }
+        Some(allocator::PurgeDelay::Default(e)) => tracing::warn!(
+            error = %e,
+            "allocator: could not restart with {}=0; freed memory is returned to the system after mimalloc's default delay",
+            allocator::PURGE_DELAY_VAR
+        ),
+        None => {}
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Command::Coordinator(args) = &cli.command {
         builder.worker_threads(args.worker_threads());
