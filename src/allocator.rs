@@ -16,8 +16,8 @@
 //! before `main`, and setting one afterwards takes its C API, which the
 //! workspace's `unsafe_code = "forbid"` rules out. A coordinator started
 //! without `MIMALLOC_PURGE_DELAY` therefore replaces itself, before it does
-//! anything else, with the same program, arguments and process id and the
-//! variable set to 0 ([`purge_freed_memory_at_once`]).
+//! anything else, with the same program, arguments, name and process id and
+//! the variable set to 0 ([`purge_freed_memory_at_once`]).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -36,10 +36,6 @@ pub(crate) const PURGE_DELAY_VAR: &str = "MIMALLOC_PURGE_DELAY";
 /// The same option's older name, which mimalloc still reads.
 const PURGE_DELAY_LEGACY_VAR: &str = "MIMALLOC_RESET_DELAY";
 
-/// The program this process runs, as the kernel knows it: found again even
-/// if the file was replaced or removed since it started (an upgrade).
-const SELF_EXE: &str = "/proc/self/exe";
-
 /// What [`purge_freed_memory_at_once`] found.
 #[derive(Debug)]
 pub(crate) enum PurgeDelay {
@@ -56,12 +52,23 @@ pub(crate) enum PurgeDelay {
 /// same program and `MIMALLOC_PURGE_DELAY=0`, and does not return. Call it
 /// first thing in `main`, while the process has nothing open worth keeping.
 /// Returns what was found, or why the process could not be replaced.
+///
+/// The program is executed by its path (what `/proc/self/exe` names), not
+/// through `/proc/self/exe` itself: the kernel names a process after the
+/// file it executes, and `ps`, `pgrep fencer` and `top` must still see
+/// `fencer`, not `exe`. A binary removed since the process started (an
+/// upgrade in place) leaves no path to execute: the process then runs on
+/// with mimalloc's default.
 pub(crate) fn purge_freed_memory_at_once() -> PurgeDelay {
     if let Some(set) = std::env::var_os(PURGE_DELAY_VAR).or_else(|| std::env::var_os(PURGE_DELAY_LEGACY_VAR)) {
         return PurgeDelay::Set(set);
     }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return PurgeDelay::Default(e),
+    };
     let mut args = std::env::args_os();
-    let mut cmd = Command::new(SELF_EXE);
+    let mut cmd = Command::new(exe);
     if let Some(arg0) = args.next() {
         cmd.arg0(arg0);
     }

@@ -61,6 +61,11 @@ fn t29_a_coordinator_returns_freed_memory_at_once_unless_told_otherwise() {
         node.log_text()
     );
     assert_eq!(environ(node.pid(), "MIMALLOC_PURGE_DELAY").as_deref(), Some("0"));
+    // Still named after the binary (`ps`, `pgrep fencer`), not after the
+    // path it was executed by again.
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", node.pid())).unwrap();
+    let file_name = fencer_bin().file_name().unwrap().to_str().unwrap();
+    assert_eq!(comm.trim_end(), &file_name[..file_name.len().min(15)], "the process's name");
     assert!(node.terminate(Duration::from_secs(10)).is_some_and(|s| s.success()), "clean shutdown on SIGTERM");
 
     // The operator's value is kept, and the process does not restart.
