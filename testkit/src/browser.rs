@@ -60,23 +60,9 @@ impl WebDriverCompatibleCommand for BrowserLog {
 /// ready: what listens there is chromedriver, not another process that took
 /// the port between its choice and chromedriver's bind.
 async fn driver_ready(addr: std::net::SocketAddr) -> bool {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let ask = async {
-        let mut conn = tokio::net::TcpStream::connect(addr).await?;
-        conn.write_all(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").await?;
-        // chromedriver keeps the connection open after its answer: read
-        // until the answer says whether it is ready (the timeout bounds it).
-        let mut answer = String::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = conn.read(&mut buf).await?;
-            answer.push_str(&String::from_utf8_lossy(&buf[..n]).replace(' ', ""));
-            if n == 0 || answer.contains("\"ready\":") {
-                return std::io::Result::Ok(answer.contains("\"ready\":true"));
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(2), ask).await.is_ok_and(|r| r.unwrap_or(false))
+    crate::http_get(addr, "/status", Duration::from_secs(2))
+        .await
+        .is_ok_and(|(code, body)| code == 200 && body.replace(' ', "").contains("\"ready\":true"))
 }
 
 /// Starts chromedriver on a free loopback port and waits until it answers

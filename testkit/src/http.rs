@@ -1,6 +1,8 @@
 //! A minimal HTTP/1.1 client for loopback status pages (`/readyz`,
-//! `/v1/status`, `/metrics`, `/ping`): one request per connection
-//! (`Connection: close`), the body read to the end (bounded), chunked
+//! `/v1/status`, `/metrics`, `/ping`, chromedriver's `/status`): one
+//! request per connection (`Connection: close`), the body read up to its
+//! `Content-Length` or else to the end (bounded; a server may keep the
+//! connection open after a sized answer, as chromedriver does), chunked
 //! bodies decoded. Enough for the servers we start; not a general client
 //! (tests that exercise HTTP itself use `fencer_proxy::testing::TestClient`).
 
@@ -28,7 +30,14 @@ pub async fn http_request(
         let host = s.peer_addr()?;
         s.write_all(request(method, path, &host.to_string(), body).as_bytes()).await?;
         let mut buf = Vec::new();
-        (&mut s).take(MAX_RESPONSE_BYTES).read_to_end(&mut buf).await?;
+        let mut chunk = [0u8; 8192];
+        while !is_whole(&buf) && (buf.len() as u64) < MAX_RESPONSE_BYTES {
+            let n = s.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
         parse(&buf)
     };
     tokio::time::timeout(timeout, exchange).await.map_err(|_| {
@@ -54,8 +63,27 @@ pub fn http_get_blocking(addr: impl std::net::ToSocketAddrs, path: &str) -> Opti
     let host = s.peer_addr().ok()?;
     s.write_all(request("GET", path, &host.to_string(), "").as_bytes()).ok()?;
     let mut buf = Vec::new();
-    s.take(MAX_RESPONSE_BYTES).read_to_end(&mut buf).ok()?;
+    let mut chunk = [0u8; 8192];
+    while !is_whole(&buf) && (buf.len() as u64) < MAX_RESPONSE_BYTES {
+        match s.read(&mut chunk).ok()? {
+            0 => break,
+            n => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
     parse(&buf).ok()
+}
+
+/// Whether `raw` holds a whole response by its `Content-Length` (without
+/// one, the body ends with the connection).
+fn is_whole(raw: &[u8]) -> bool {
+    let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else { return false };
+    let head = String::from_utf8_lossy(&raw[..split]);
+    let length = head.lines().find_map(|l| {
+        l.split_once(':')
+            .filter(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+    });
+    length.is_some_and(|n| raw.len() - (split + 4) >= n)
 }
 
 /// Polls `GET path` until it answers `want`; panics with the process's log
@@ -157,6 +185,31 @@ mod tests {
         let chunked = b"HTTP/1.1 503 Service Unavailable\r\ntransfer-encoding: chunked\r\n\r\n4\r\nno q\r\n6\r\nuorum\n\r\n0\r\n\r\n";
         assert_eq!(parse(chunked).unwrap(), (503, "no quorum\n".to_string()));
         assert!(parse(b"garbage").is_err());
+    }
+
+    #[test]
+    fn a_response_is_whole_at_its_content_length() {
+        assert!(!is_whole(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhell"));
+        assert!(is_whole(b"HTTP/1.1 200 OK\r\ncontent-length:5\r\n\r\nhello"));
+        assert!(!is_whole(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n"));
+        // No length: only the end of the connection ends it.
+        assert!(!is_whole(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"));
+    }
+
+    #[tokio::test]
+    async fn a_sized_answer_is_read_without_waiting_for_the_close() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf).await;
+            conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await.unwrap();
+            // Kept open, as chromedriver keeps it, until the test ends.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        assert_eq!(http_get(addr, "/", Duration::from_secs(5)).await.unwrap(), (200, "ok".to_string()));
+        server.abort();
     }
 
     #[tokio::test]
