@@ -38,7 +38,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The variable mimalloc reads its purge delay from, in milliseconds (`-1`:
 /// never purge).
-pub(crate) const PURGE_DELAY_VAR: &str = "MIMALLOC_PURGE_DELAY";
+const PURGE_DELAY_VAR: &str = "MIMALLOC_PURGE_DELAY";
 
 /// The same option's older name, which mimalloc still reads.
 const PURGE_DELAY_LEGACY_VAR: &str = "MIMALLOC_RESET_DELAY";
@@ -58,9 +58,35 @@ pub(crate) enum PurgeDelay {
     NotReplaced(String),
     /// Replacing the process failed; mimalloc keeps its default. The
     /// standard library reset SIGPIPE to its default action on the way
-    /// (`Command::exec`): the caller ignores it again
-    /// ([`crate::main`]).
+    /// (`Command::exec`); [`report`](Self::report) handles it again.
     Failed(std::io::Error),
+}
+
+impl PurgeDelay {
+    /// Logs what was found (a warning when mimalloc keeps its default) and,
+    /// after a failed exec, handles SIGPIPE again: at its default action a
+    /// write to a closed pipe would end the process instead of failing
+    /// with EPIPE. A tokio handler stays registered for the process's life.
+    pub(crate) fn report(self, runtime: &tokio::runtime::Runtime) {
+        let why = match self {
+            Self::Set { var, value } => {
+                tracing::debug!(purge_delay_ms = ?value, "allocator: purge delay from {}", var.to_string_lossy());
+                return;
+            }
+            Self::NotReplaced(why) => format!("not restarted with {PURGE_DELAY_VAR}=0: {why}"),
+            Self::Failed(e) => {
+                let pipe = tokio::signal::unix::SignalKind::pipe();
+                if let Err(e) = runtime.block_on(async { tokio::signal::unix::signal(pipe) }) {
+                    tracing::warn!(error = %e, "cannot handle SIGPIPE after the failed restart");
+                }
+                format!("could not restart with {PURGE_DELAY_VAR}=0: {e}")
+            }
+        };
+        tracing::warn!(
+            "allocator: {why}; freed memory goes back to the system after mimalloc's default delay (set \
+             {PURGE_DELAY_VAR} to choose)"
+        );
+    }
 }
 
 /// Makes sure mimalloc runs with a purge delay the environment names: when

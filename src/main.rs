@@ -108,30 +108,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let exec_failed = match &purge_delay {
-        Some(allocator::PurgeDelay::Set { var, value }) => {
-            tracing::debug!(purge_delay_ms = ?value, "allocator: purge delay from {}", var.to_string_lossy());
-            false
-        }
-        Some(allocator::PurgeDelay::NotReplaced(why)) => {
-            tracing::warn!(
-                "allocator: not restarted with {var}=0: {why}; freed memory goes back to the system after \
-                 mimalloc's default delay (set {var} to choose)",
-                var = allocator::PURGE_DELAY_VAR
-            );
-            false
-        }
-        Some(allocator::PurgeDelay::Failed(e)) => {
-            tracing::warn!(
-                error = %e,
-                "allocator: could not restart with {var}=0; freed memory goes back to the system after \
-                 mimalloc's default delay (set {var} to choose)",
-                var = allocator::PURGE_DELAY_VAR
-            );
-            true
-        }
-        None => false,
-    };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Command::Coordinator(args) = &cli.command {
         builder.worker_threads(args.worker_threads());
@@ -143,15 +119,8 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    if exec_failed {
-        // The failed exec left SIGPIPE at its default action (the standard
-        // library resets it before an exec): a write to a closed pipe would
-        // end the process instead of failing. A handler, registered for the
-        // process's life, turns it back into an EPIPE error.
-        if let Err(e) = runtime.block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::pipe()) })
-        {
-            tracing::warn!(error = %e, "cannot handle SIGPIPE after the failed restart");
-        }
+    if let Some(purge_delay) = purge_delay {
+        purge_delay.report(&runtime);
     }
     let result = runtime.block_on(async move {
         match cli.command {

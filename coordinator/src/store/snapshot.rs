@@ -797,7 +797,7 @@ fn decode_state(body: &SnapshotBody) -> io::Result<(LockState, u32)> {
 /// format, from the state.
 ///
 /// The old state is freed before the new one is decoded, not after the
-/// swap: both at once put a follower catching up at the seed state ~100 MB
+/// swap: both at once put a follower catching up at the seed state ~90 MB
 /// above its plateau (docs/performance.md, "A follower's install without
 /// the old state"). Only a follower installs, and a follower answers no
 /// lock reads (they are the leader's, linearizable): in between, what sees
