@@ -173,7 +173,7 @@ const PACKED_RUN: usize = 4_096;
 /// leaves"). So a follower that installed a snapshot, or a node that
 /// restarted from one, held more than the leader it copied.
 ///
-/// So the rows are taken in runs of [`PACKED_RUN`], and a run's rows at
+/// Here the rows are taken in runs of [`PACKED_RUN`], and a run's rows at
 /// even positions are inserted first, then those at odd positions: the
 /// first pass seals leaves at half their slots, and each of them then
 /// receives the rows that lie between its own and the next leaf's, which
@@ -203,6 +203,8 @@ impl<K: Ord + Clone, V: Clone> PackedLoad<K, V> {
         }
     }
 
+    /// Inserts the run held: packed when its keys are strictly ascending,
+    /// else as it came.
     fn insert_run(&mut self) {
         let ascending = self.run.windows(2).all(|w| w[0].0 < w[1].0);
         for (i, (key, value)) in self.run.drain(..).enumerate() {
