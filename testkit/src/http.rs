@@ -76,14 +76,20 @@ pub fn http_get_blocking(addr: impl std::net::ToSocketAddrs, path: &str) -> Opti
 /// Whether `raw` holds a whole response by its `Content-Length` (without
 /// one, the body ends with the connection).
 fn is_whole(raw: &[u8]) -> bool {
-    let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else { return false };
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let length = head.lines().find_map(|l| {
-        l.split_once(':')
-            .filter(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-            .and_then(|(_, v)| v.trim().parse::<usize>().ok())
-    });
-    length.is_some_and(|n| raw.len() - (split + 4) >= n)
+    let Some((head, body)) = split_head(raw) else { return false };
+    header(&head, "content-length").and_then(|v| v.parse::<usize>().ok()).is_some_and(|n| body.len() >= n)
+}
+
+/// A response's head (up to the blank line) and the bytes after it.
+fn split_head(raw: &[u8]) -> Option<(std::borrow::Cow<'_, str>, &[u8])> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    Some((String::from_utf8_lossy(&raw[..split]), &raw[split + 4..]))
+}
+
+/// The trimmed value of header `name` (any case) in a response's head.
+fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
+    head.lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case(name)).map(|(_, v)| v.trim()))
 }
 
 /// Polls `GET path` until it answers `want`; panics with the process's log
@@ -122,15 +128,9 @@ fn request(method: &str, path: &str, host: &str, body: &str) -> String {
 
 fn parse(raw: &[u8]) -> io::Result<(u16, String)> {
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("not an HTTP response: {what}"));
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| bad("no end of the head"))?;
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let body = &raw[split + 4..];
+    let (head, body) = split_head(raw).ok_or_else(|| bad("no end of the head"))?;
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| bad("no status code"))?;
-    let chunked = head.lines().any(|l| {
-        l.split_once(':').is_some_and(|(k, v)| {
-            k.trim().eq_ignore_ascii_case("transfer-encoding") && v.trim().eq_ignore_ascii_case("chunked")
-        })
-    });
+    let chunked = header(&head, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
     let body = if chunked { dechunk(body).ok_or_else(|| bad("a broken chunked body"))? } else { body.to_vec() };
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
