@@ -30,7 +30,7 @@ use crate::metrics::Metrics;
 use crate::network::{Faults, MAX_RAFT_MESSAGE, NetworkFactory, RaftService};
 use crate::policy::Policy;
 use crate::raft::{RaftHandle, TypeConfig};
-use crate::server::ConnectionLimits;
+use crate::server::{ConnectionLimits, Reserved};
 use crate::service::{LockService, QuorumAck, ServiceInner, register_keys};
 use crate::signing::NodeKeys;
 use crate::snapshot_schedule::SnapshotSchedule;
@@ -422,22 +422,15 @@ impl Node {
                 return Err(StartError::ForeignCluster { path: dir, ours: id.cluster_id.clone(), evidence });
             }
         }
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| StartError::Bind { addr: config.listen, source })?;
-        let local_addr = listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
+        // Bound now, listened on only once the node serves (`Reserved`).
+        let listener =
+            Reserved::bind(config.listen).map_err(|source| StartError::Bind { addr: config.listen, source })?;
+        let local_addr = listener.local_addr();
         let status_listener = match config.status_listen {
-            Some(addr) => {
-                let l =
-                    tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })?;
-                Some(l)
-            }
+            Some(addr) => Some(Reserved::bind(addr).map_err(|source| StartError::Bind { addr, source })?),
             None => None,
         };
-        let status_addr = match &status_listener {
-            Some(l) => Some(l.local_addr().map_err(|source| StartError::Bind { addr: local_addr, source })?),
-            None => None,
-        };
+        let status_addr = status_listener.as_ref().map(Reserved::local_addr);
         let advertise = config.advertise.clone().unwrap_or_else(|| local_addr.to_string());
         let mut peers = config.peers.clone();
         peers.entry(config.node_id).or_insert(advertise);
@@ -613,6 +606,13 @@ impl Node {
         )
         .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
         let (limits, refused) = (config.connections.clone(), metrics.connections_refused.clone());
+        let listener = listener.listen().map_err(|source| StartError::Bind { addr: local_addr, source })?;
+        let status_listener = status_listener
+            .map(|l| {
+                let addr = l.local_addr();
+                l.listen().map_err(|source| StartError::Bind { addr, source })
+            })
+            .transpose()?;
         let server = tokio::spawn(crate::server::serve(
             listener,
             app,

@@ -74,6 +74,56 @@ impl Default for ConnectionLimits {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BodyTimeout(pub(crate) Duration);
 
+/// Connections the kernel completes before the accept loop takes them (as
+/// `tokio::net::TcpListener::bind`).
+const BACKLOG: u32 = 1024;
+
+/// A port bound but not yet listened on. A node binds its ports first, so
+/// that a port in use or a bad address fails the start before any file is
+/// opened and the bound address (port 0) is known; it listens only when its
+/// accept loop starts ([`Reserved::listen`]), after its stores are open.
+/// Until then a connection to the port is refused at once, instead of being
+/// completed by the kernel and left unanswered for as long as the stores
+/// take to open (a second or more with a large snapshot). A peer or a client
+/// then moves on at once: a leader's snapshot transfer started in that
+/// window would otherwise wait in the backlog and send a snapshot that a
+/// newer one had already replaced by the time the node served (a second
+/// install of the newer one followed).
+///
+/// On Linux, two sockets with `SO_REUSEADDR` may both bind one port while
+/// neither listens: a second node given the same port then fails at
+/// [`listen`](Self::listen), with the same error, after its stores opened.
+#[derive(Debug)]
+pub(crate) struct Reserved {
+    socket: tokio::net::TcpSocket,
+    addr: std::net::SocketAddr,
+}
+
+impl Reserved {
+    /// Binds `addr` without listening (`SO_REUSEADDR` set, as
+    /// `TcpListener::bind` sets it, so that a restart is not refused by
+    /// connections of the previous process in `TIME_WAIT`).
+    pub(crate) fn bind(addr: std::net::SocketAddr) -> std::io::Result<Self> {
+        let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        #[cfg(unix)]
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        let addr = socket.local_addr()?;
+        Ok(Self { socket, addr })
+    }
+
+    /// The bound address (with the port the system chose for port 0).
+    pub(crate) fn local_addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// Starts listening: from now on connections are completed and wait for
+    /// the accept loop.
+    pub(crate) fn listen(self) -> std::io::Result<TcpListener> {
+        self.socket.listen(BACKLOG)
+    }
+}
+
 /// At most one "connection refused" warning per this long per port; the
 /// counter counts every one.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
@@ -195,4 +245,52 @@ pub(crate) async fn serve(
         }
     }
     connections.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::ErrorKind;
+    use std::net::SocketAddr;
+
+    use tokio::net::TcpStream;
+
+    use super::Reserved;
+
+    #[tokio::test]
+    async fn a_reserved_port_refuses_connections_until_it_listens() {
+        let reserved = Reserved::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = reserved.local_addr();
+        assert_ne!(addr.port(), 0, "port 0 resolves to the port the system chose");
+        let refused = TcpStream::connect(addr).await.expect_err("a bound port that does not listen completes nothing");
+        assert_eq!(refused.kind(), ErrorKind::ConnectionRefused, "{refused}");
+
+        let listener = reserved.listen().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (client, (server, _)) = (client.unwrap(), accepted.unwrap());
+        assert_eq!(server.local_addr().unwrap(), addr);
+        assert_eq!(client.peer_addr().unwrap(), addr);
+    }
+
+    #[tokio::test]
+    async fn a_port_in_use_fails_at_bind_or_at_listen() {
+        // Its owner listens: the bind already fails.
+        let first = Reserved::bind("127.0.0.1:0".parse().unwrap()).unwrap().listen().unwrap();
+        let addr: SocketAddr = first.local_addr().unwrap();
+        let e = Reserved::bind(addr).and_then(Reserved::listen).expect_err("a second listener on a port in use");
+        assert_eq!(e.kind(), ErrorKind::AddrInUse, "{e}");
+
+        // Two nodes given one port, both still opening their stores: Linux
+        // lets both bind it (`SO_REUSEADDR`, neither listens); whichever
+        // listens second is refused.
+        let one = Reserved::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = one.local_addr();
+        match Reserved::bind(addr) {
+            Err(e) => assert_eq!(e.kind(), ErrorKind::AddrInUse, "{e}"),
+            Ok(two) => {
+                let _listening = one.listen().unwrap();
+                let e = two.listen().expect_err("the second of two reservations cannot listen too");
+                assert_eq!(e.kind(), ErrorKind::AddrInUse, "{e}");
+            }
+        }
+    }
 }
