@@ -9,6 +9,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod allocator;
 mod cmd;
 mod exit;
+mod log_limit;
 mod output;
 
 /// A distributed lock service with fencing tokens.
@@ -167,7 +168,9 @@ fn init_tracing(filter: &str, format: LogFormat) -> Result<std::sync::Arc<cmd::l
     use tracing_subscriber::{EnvFilter, fmt, reload};
     let parsed = EnvFilter::try_new(filter).map_err(|e| format!("bad --log filter {filter:?}: {e}"))?;
     let (layer, handle) = reload::Layer::new(parsed);
-    let registry = tracing_subscriber::registry().with(layer);
+    let limit =
+        log_limit::RepeatLimit::with_window_thread().map_err(|e| format!("start the log's window thread: {e}"))?;
+    let registry = tracing_subscriber::registry().with(layer).with(limit);
     match format {
         LogFormat::Text => {
             registry.with(fmt::layer().with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr)).init()

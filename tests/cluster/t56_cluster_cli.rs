@@ -68,6 +68,8 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
     // Clients keep working through kill -9 of the leader.
     let (code, g1) = run_json(&["acquire", "cli/one", "--ttl", "30s", "--endpoints", &eps, "-o", "json"]);
     assert_eq!(code, 0, "{g1}");
+    let logged_before: Vec<(u64, usize)> =
+        c.ids().into_iter().filter(|n| *n != leader).map(|n| (n, c.logs(n).len())).collect();
     c.kill9(leader);
     let (code, g2) = run_json(&["acquire", "cli/two", "--ttl", "30s", "--endpoints", &eps, "-o", "json"]);
     assert_eq!(code, 0, "acquire after the leader died: {g2}");
@@ -78,6 +80,17 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
     })
     .await;
     assert_eq!(member(&s, leader)["state"], "unreachable");
+
+    // The dead node does not flood the new leader's log: openraft warns once
+    // per failed heartbeat (20 a second with this heartbeat), and fencer
+    // writes a dependency's line at most 5 times per 10 s window
+    // (src/log_limit.rs), so at most 10 such lines in the < 10 s since.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let new_leader = s["leader_id"].as_u64().unwrap();
+    let (_, before) = logged_before.iter().find(|(n, _)| *n == new_leader).unwrap();
+    let since_kill = c.logs(new_leader)[*before..].to_string();
+    let heartbeats = since_kill.lines().filter(|l| l.contains("failed to send a heartbeat")).count();
+    assert!((1..=10).contains(&heartbeats), "{heartbeats} failed-heartbeat lines since the kill:\n{since_kill}");
 
     // The killed node rejoins on its data dir: same cluster, nothing lost.
     c.restart(leader);
