@@ -71,6 +71,7 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
     let logged_before: Vec<(u64, usize)> =
         c.ids().into_iter().filter(|n| *n != leader).map(|n| (n, c.logs(n).len())).collect();
     c.kill9(leader);
+    let killed = Instant::now();
     let (code, g2) = run_json(&["acquire", "cli/two", "--ttl", "30s", "--endpoints", &eps, "-o", "json"]);
     assert_eq!(code, 0, "acquire after the leader died: {g2}");
     assert!(g2["fencing_token"].as_u64() > g1["fencing_token"].as_u64());
@@ -82,15 +83,21 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
     assert_eq!(member(&s, leader)["state"], "unreachable");
 
     // The dead node does not flood the new leader's log: openraft warns once
-    // per failed heartbeat (20 a second with this heartbeat), and fencer
-    // writes a dependency's line at most 5 times per 10 s window
-    // (src/log_limit.rs), so at most 10 such lines in the < 10 s since.
+    // per failed heartbeat (20 a second or more with this heartbeat), and
+    // fencer writes a dependency's line at most 5 times per 10 s window
+    // (src/log_limit.rs). The windows are the process's, so the kill may
+    // fall in a window whose 5 were spent at the start: no lower bound.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let new_leader = s["leader_id"].as_u64().unwrap();
     let (_, before) = logged_before.iter().find(|(n, _)| *n == new_leader).unwrap();
     let since_kill = c.logs(new_leader)[*before..].to_string();
+    let windows = killed.elapsed().as_secs() / 10 + 2;
     let heartbeats = since_kill.lines().filter(|l| l.contains("failed to send a heartbeat")).count();
-    assert!((1..=10).contains(&heartbeats), "{heartbeats} failed-heartbeat lines since the kill:\n{since_kill}");
+    assert!(
+        heartbeats as u64 <= 5 * windows,
+        "{heartbeats} failed-heartbeat lines in the {:?} since the kill:\n{since_kill}",
+        killed.elapsed()
+    );
 
     // The killed node rejoins on its data dir: same cluster, nothing lost.
     c.restart(leader);
