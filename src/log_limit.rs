@@ -4,35 +4,51 @@
 //! 92 s, docs/performance.md), for as long as the follower stayed down.
 //!
 //! The rule ([`RepeatLimit`]): an event at WARN or ERROR whose target is
-//! not fencer's own is written at most [`BURST`] times per line of code (its
-//! callsite) in each [`WINDOW`]; the rest are counted, and when the window
-//! ends one line at the same level says how many were not written and where
-//! they came from. Everything else is written as it comes: fencer's own
-//! events (their repeats are bounded where they are logged), and any event
-//! below WARN (those are asked for with `--log`, to be read in full). What
-//! is kept per callsite is two counters, and callsites are the finite set
-//! compiled into the binary.
+//! not fencer's own (`fencer`, `fencer_…`, `fencer::…`) is written at most
+//! [`BURST`] times per line of code in each [`WINDOW`]; the rest are
+//! counted, and when the window ends one line at the same level says how
+//! many were not written and where they came from. A line of code is a
+//! tracing callsite, or, for a library that logs through the `log` crate
+//! (which tracing-log forwards through one callsite per level), the
+//! record's own target, file and line. Everything else is written as it
+//! comes: fencer's own events, and any event below WARN (those are asked
+//! for with `--log`, to be read in full). What is kept per line is two
+//! counters, and the lines are the finite set compiled into the binary.
 
 use std::collections::HashMap;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tracing::callsite::Identifier;
 use tracing::{Event, Level, Metadata, Subscriber};
+use tracing_log::NormalizeEvent;
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::Context;
 
-/// Lines written per callsite in one window.
+/// Lines written per line of code in one window.
 pub(crate) const BURST: u32 = 5;
-/// The window: counts restart, and the suppressed are reported, this often.
+/// The window: counts restart, and the withheld are reported, this often.
 pub(crate) const WINDOW: Duration = Duration::from_secs(10);
 
 /// The target of the lines that report what was not written.
 const TARGET: &str = "fencer::log";
 
-/// What one callsite wrote and withheld in the current window.
+/// One line of code that logs.
+#[derive(PartialEq, Eq, Hash)]
+enum Source {
+    /// A tracing callsite.
+    Callsite(Identifier),
+    /// A `log` record's target, file and line.
+    Log(String, Option<String>, Option<u32>),
+}
+
+/// What one line of code wrote and withheld in the current window.
 struct Seen {
-    meta: &'static Metadata<'static>,
+    level: Level,
+    target: String,
+    at: String,
     written: u32,
     withheld: u64,
 }
@@ -41,10 +57,10 @@ struct Seen {
 /// formatted by no layer.
 #[derive(Clone, Default)]
 pub(crate) struct RepeatLimit {
-    seen: Arc<Mutex<HashMap<Identifier, Seen>>>,
+    seen: Arc<Mutex<HashMap<Source, Seen>>>,
 }
 
-/// Whether the rule applies to events of this callsite.
+/// Whether the rule applies to events of this metadata.
 fn limited(meta: &Metadata<'_>) -> bool {
     let target = meta.target();
     let ours = target == "fencer" || target.starts_with("fencer_") || target.starts_with("fencer::");
@@ -52,29 +68,65 @@ fn limited(meta: &Metadata<'_>) -> bool {
     meta.is_event() && *meta.level() <= Level::WARN && !ours
 }
 
+/// Ends the windows of a [`RepeatLimit`] on a thread of its own; dropping
+/// it (at the end of `main`) stops the thread, which reports the window
+/// in progress first, so no count is lost at exit.
+pub(crate) struct Windows {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Windows {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 impl RepeatLimit {
-    /// A limit whose windows end every [`WINDOW`] on a thread of its own,
-    /// which writes the reports through the global subscriber (so it must
-    /// be the limit of that subscriber).
-    pub(crate) fn with_window_thread() -> std::io::Result<Self> {
-        let limit = Self::default();
-        let ticking = limit.clone();
-        std::thread::Builder::new().name("log-repeats".into()).spawn(move || {
+    /// Starts the thread that ends a window every [`WINDOW`] and writes the
+    /// reports through `dispatch`, or the global subscriber when `None` (the
+    /// limit must be a layer of that subscriber), until the returned guard
+    /// is dropped.
+    pub(crate) fn start_windows(&self, dispatch: Option<tracing::Dispatch>) -> std::io::Result<Windows> {
+        let ending = self.clone();
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new().name("log-windows".into()).spawn(move || {
             loop {
-                std::thread::sleep(WINDOW);
-                ticking.end_window();
+                let last = !matches!(stopped.recv_timeout(WINDOW), Err(RecvTimeoutError::Timeout));
+                match &dispatch {
+                    Some(d) => tracing::dispatcher::with_default(d, || ending.end_window()),
+                    None => ending.end_window(),
+                }
+                if last {
+                    return;
+                }
             }
         })?;
-        Ok(limit)
+        Ok(Windows { stop: Some(stop), thread: Some(thread) })
     }
 
     /// Counts the event; whether it is written.
-    fn admit(&self, meta: &'static Metadata<'static>) -> bool {
+    fn admit(&self, event: &Event<'_>) -> bool {
+        let normalized = event.normalized_metadata();
+        let meta = normalized.as_ref().unwrap_or(event.metadata());
         if !limited(meta) {
             return true;
         }
+        let source = match &normalized {
+            Some(m) => Source::Log(m.target().to_owned(), m.file().map(str::to_owned), m.line()),
+            None => Source::Callsite(event.metadata().callsite()),
+        };
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        let s = seen.entry(meta.callsite()).or_insert(Seen { meta, written: 0, withheld: 0 });
+        let s = seen.entry(source).or_insert_with(|| Seen {
+            level: *meta.level(),
+            target: meta.target().to_owned(),
+            at: format!("{}:{}", short_file(meta.file().unwrap_or("?")), meta.line().unwrap_or(0)),
+            written: 0,
+            withheld: 0,
+        });
         if s.written < BURST {
             s.written += 1;
             true
@@ -84,24 +136,22 @@ impl RepeatLimit {
         }
     }
 
-    /// Ends the window: what each callsite withheld in it (none listed when
-    /// it withheld nothing), and every count starts again from zero.
-    fn take_window(&self) -> Vec<(&'static Metadata<'static>, u64)> {
+    /// Ends the window: what each line of code withheld in it (none listed
+    /// when it withheld nothing), and every count starts again from zero.
+    fn take_window(&self) -> Vec<Seen> {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut withheld: Vec<_> = seen.values().filter(|s| s.withheld > 0).map(|s| (s.meta, s.withheld)).collect();
-        seen.clear();
-        withheld.sort_by_key(|(meta, _)| (meta.target(), meta.line()));
+        let mut withheld: Vec<Seen> = seen.drain().map(|(_, s)| s).filter(|s| s.withheld > 0).collect();
+        withheld.sort_by(|a, b| (&a.target, &a.at).cmp(&(&b.target, &b.at)));
         withheld
     }
 
-    /// Ends the window and writes one line per callsite that withheld lines
-    /// in it, at that callsite's level, through the current subscriber.
+    /// Ends the window and writes one line per line of code that withheld
+    /// lines in it, at that line's level, through the current subscriber.
+    /// An event of the new window may be written before these reports.
     pub(crate) fn end_window(&self) {
         let window = WINDOW.as_secs();
-        for (meta, withheld) in self.take_window() {
-            let source = meta.target();
-            let at = format!("{}:{}", short_file(meta.file().unwrap_or("?")), meta.line().unwrap_or(0));
-            if *meta.level() == Level::ERROR {
+        for Seen { level, target: source, at, withheld, .. } in self.take_window() {
+            if level == Level::ERROR {
                 tracing::error!(
                     target: TARGET, source, at, withheld,
                     "repeats of a dependency's line were not written (at most {BURST} per line every {window} s)"
@@ -131,7 +181,7 @@ fn short_file(file: &str) -> &str {
 
 impl<S: Subscriber> Layer<S> for RepeatLimit {
     fn event_enabled(&self, event: &Event<'_>, _ctx: Context<'_, S>) -> bool {
-        self.admit(event.metadata())
+        self.admit(event)
     }
 }
 
@@ -271,6 +321,66 @@ mod tests {
         assert_eq!(short_file("src/log_limit.rs"), "src/log_limit.rs");
         assert_eq!(short_file("/x/registry/src/"), "");
         assert_eq!(short_file("/x/registry/src/index"), "index");
+    }
+
+    #[test]
+    fn log_crate_records_are_counted_per_line_of_their_own_code() {
+        // tracing-log forwards every `log` record of a level through one
+        // callsite; each record's own target, file and line is its line.
+        let record = |target: &'static str, line: u32| {
+            let args = format_args!("a log record");
+            let r = log::Record::builder()
+                .level(log::Level::Warn)
+                .target(target)
+                .file(Some("/root/.cargo/registry/src/index.crates.io-0/tokio-postgres-0.7.0/src/connect.rs"))
+                .line(Some(line))
+                .args(args)
+                .build();
+            tracing_log::format_trace(&r).unwrap();
+        };
+        let lines = logged(|limit| {
+            for _ in 0..20 {
+                record("tokio_postgres::connect", 10);
+                record("tokio_postgres::connect", 20);
+                record("rustls::conn", 10);
+            }
+            limit.end_window();
+        });
+        assert_eq!(count(&lines, "a log record"), 3 * BURST as usize, "{lines:#?}");
+        let reports: Vec<_> = lines.iter().filter(|l| l.contains("fencer::log")).collect();
+        assert_eq!(reports.len(), 3, "{lines:#?}");
+        for (source, at) in [
+            ("tokio_postgres::connect", "tokio-postgres-0.7.0/src/connect.rs:10"),
+            ("tokio_postgres::connect", "tokio-postgres-0.7.0/src/connect.rs:20"),
+            ("rustls::conn", "tokio-postgres-0.7.0/src/connect.rs:10"),
+        ] {
+            let want = [format!("source=\"{source}\""), format!("at=\"{at}\""), format!("withheld={}", 20 - BURST)];
+            assert!(reports.iter().any(|r| want.iter().all(|w| r.contains(w))), "{want:?}: {reports:#?}");
+        }
+    }
+
+    #[test]
+    fn the_windows_thread_reports_the_window_in_progress_when_its_guard_is_dropped() {
+        let out = Written::default();
+        let limit = RepeatLimit::default();
+        let dispatch = tracing::Dispatch::new(
+            tracing_subscriber::registry()
+                .with(limit.clone())
+                .with(tracing_subscriber::fmt::layer().with_ansi(false).without_time().with_writer(out.clone())),
+        );
+        let windows = limit.start_windows(Some(dispatch.clone())).unwrap();
+        tracing::dispatcher::with_default(&dispatch, || {
+            for _ in 0..12 {
+                tracing::warn!(target: "h2::proto", "late line");
+            }
+        });
+        let started = tokio::time::Instant::now();
+        drop(windows);
+        assert!(started.elapsed() < super::WINDOW, "the guard stops the thread at once");
+        let lines = out.lines();
+        assert_eq!(count(&lines, "late line"), BURST as usize, "{lines:#?}");
+        let report = lines.last().unwrap();
+        assert!(report.contains("fencer::log") && report.contains("withheld=7"), "{lines:#?}");
     }
 
     #[test]

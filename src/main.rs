@@ -102,7 +102,9 @@ fn main() -> ExitCode {
     // (module `allocator`); the proxy and the CLI keep mimalloc's default.
     let purge_delay =
         matches!(cli.command, Command::Coordinator(_) | Command::Dev(_)).then(allocator::purge_freed_memory_at_once);
-    let log_filter = match init_tracing(&cli.log, cli.log_format) {
+    // `_log_windows` lives to the end of `main`: dropped, it reports the
+    // log's last window of withheld repeats (module `log_limit`).
+    let (log_filter, _log_windows) = match init_tracing(&cli.log, cli.log_format) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("fencer: {e}");
@@ -158,18 +160,23 @@ fn main() -> ExitCode {
 }
 
 /// Logs go to stderr, as text or JSON lines (with the fields of the spans
-/// they happen in). The filter sits in a `reload` layer so that a running
+/// they happen in); a dependency's repeated warnings are counted rather
+/// than all written (module `log_limit`; the guard returned ends its
+/// windows). The filter sits in a `reload` layer so that a running
 /// coordinator or proxy can change it (`fencer log-level`). Colours only
 /// when stderr is a terminal, so log files and journald get plain text. A
 /// filter that does not parse is a usage error, not a silent fallback.
-fn init_tracing(filter: &str, format: LogFormat) -> Result<std::sync::Arc<cmd::log_level::LogFilter>, String> {
+fn init_tracing(
+    filter: &str,
+    format: LogFormat,
+) -> Result<(std::sync::Arc<cmd::log_level::LogFilter>, log_limit::Windows), String> {
     use std::io::IsTerminal;
     use tracing_subscriber::prelude::*;
     use tracing_subscriber::{EnvFilter, fmt, reload};
     let parsed = EnvFilter::try_new(filter).map_err(|e| format!("bad --log filter {filter:?}: {e}"))?;
     let (layer, handle) = reload::Layer::new(parsed);
-    let limit =
-        log_limit::RepeatLimit::with_window_thread().map_err(|e| format!("start the log's window thread: {e}"))?;
+    let limit = log_limit::RepeatLimit::default();
+    let windows = limit.start_windows(None).map_err(|e| format!("cannot start the log's window thread: {e}"))?;
     let registry = tracing_subscriber::registry().with(layer).with(limit);
     match format {
         LogFormat::Text => {
@@ -177,5 +184,5 @@ fn init_tracing(filter: &str, format: LogFormat) -> Result<std::sync::Arc<cmd::l
         }
         LogFormat::Json => registry.with(fmt::layer().json().with_writer(std::io::stderr)).init(),
     }
-    Ok(cmd::log_level::LogFilter::new(handle, filter))
+    Ok((cmd::log_level::LogFilter::new(handle, filter), windows))
 }

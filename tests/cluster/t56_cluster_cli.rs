@@ -85,12 +85,22 @@ async fn t56_cluster_cli_status_failover_rejoin_foreign_dir_and_replace() {
     // The dead node does not flood the new leader's log: openraft warns once
     // per failed heartbeat (20 a second or more with this heartbeat), and
     // fencer writes a dependency's line at most 5 times per 10 s window
-    // (src/log_limit.rs). The windows are the process's, so the kill may
-    // fall in a window whose 5 were spent at the start: no lower bound.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // (src/log_limit.rs). First the warnings are seen at all (a line, or a
+    // window's report of withheld ones), then their number is bounded by
+    // the windows elapsed since the kill.
     let new_leader = s["leader_id"].as_u64().unwrap();
     let (_, before) = logged_before.iter().find(|(n, _)| *n == new_leader).unwrap();
-    let since_kill = c.logs(new_leader)[*before..].to_string();
+    let seen_by = Instant::now() + Duration::from_secs(15);
+    let since_kill = loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let since_kill = c.logs(new_leader)[*before..].to_string();
+        let reported = since_kill.lines().any(|l| l.contains("fencer::log") && l.contains("heartbeat/worker.rs"));
+        if killed.elapsed() >= Duration::from_secs(2) && (since_kill.contains("failed to send a heartbeat") || reported)
+        {
+            break since_kill;
+        }
+        assert!(Instant::now() < seen_by, "no failed heartbeat seen since the kill:\n{since_kill}");
+    };
     let windows = killed.elapsed().as_secs() / 10 + 2;
     let heartbeats = since_kill.lines().filter(|l| l.contains("failed to send a heartbeat")).count();
     assert!(
