@@ -423,6 +423,19 @@ impl Node {
             }
         }
         // Bound now, listened on only once the node serves (`Reserved`).
+        // Two ports that would clash only when they listen clash now.
+        if let Some(status) = config.status_listen
+            && status.port() != 0
+            && status.port() == config.listen.port()
+            && (status.ip() == config.listen.ip()
+                || status.ip().is_unspecified()
+                || config.listen.ip().is_unspecified())
+        {
+            return Err(StartError::Config(format!(
+                "--status-listen {status} and --listen {} are the same port",
+                config.listen
+            )));
+        }
         let listener =
             Reserved::bind(config.listen).map_err(|source| StartError::Bind { addr: config.listen, source })?;
         let local_addr = listener.local_addr();
@@ -606,13 +619,12 @@ impl Node {
         )
         .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES));
         let (limits, refused) = (config.connections.clone(), metrics.connections_refused.clone());
-        let listener = listener.listen().map_err(|source| StartError::Bind { addr: local_addr, source })?;
-        let status_listener = status_listener
-            .map(|l| {
-                let addr = l.local_addr();
-                l.listen().map_err(|source| StartError::Bind { addr, source })
-            })
-            .transpose()?;
+        let listen = |port: Reserved| {
+            let addr = port.local_addr();
+            port.listen().map_err(|source| StartError::Bind { addr, source })
+        };
+        let listener = listen(listener)?;
+        let status_listener = status_listener.map(listen).transpose()?;
         let server = tokio::spawn(crate::server::serve(
             listener,
             app,

@@ -3,6 +3,9 @@
 //! bounded time, and aborting the server task (a crash, in tests) drops every
 //! connection at once, as a killed process would.
 //!
+//! Its port is bound first and listened on only when the loop starts
+//! ([`Reserved`]): a starting node refuses connections until it serves.
+//!
 //! With TLS, every connection passes the handshake (bounded in time) before
 //! any byte of HTTP is read, so a plaintext client is refused there; what the
 //! handshake showed ([`ConnInfo`]) travels with each request as an
@@ -74,14 +77,16 @@ impl Default for ConnectionLimits {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BodyTimeout(pub(crate) Duration);
 
-/// Connections the kernel completes before the accept loop takes them (as
-/// `tokio::net::TcpListener::bind`).
-const BACKLOG: u32 = 1024;
+/// Connections the kernel completes before the accept loop takes them: 128,
+/// what `tokio::net::TcpListener::bind` asks for (through mio), which the
+/// node used before it bound and listened in two steps.
+const BACKLOG: u32 = 128;
 
 /// A port bound but not yet listened on. A node binds its ports first, so
-/// that a port in use or a bad address fails the start before any file is
-/// opened and the bound address (port 0) is known; it listens only when its
-/// accept loop starts ([`Reserved::listen`]), after its stores are open.
+/// that a port another process listens on, or a bad address, fails the
+/// start before its stores are opened, and the bound address (port 0) is
+/// known; it listens only when its accept loop starts
+/// ([`Reserved::listen`]), after its stores are open.
 /// Until then a connection to the port is refused at once, instead of being
 /// completed by the kernel and left unanswered for as long as the stores
 /// take to open (a second or more with a large snapshot). A peer or a client

@@ -110,3 +110,32 @@ async fn t37_silent_slow_and_idle_connections_are_cut_and_a_normal_request_gets_
     assert!(got.contains(r#""reason":"BODY_TIMEOUT""#), "{got}");
     node.shutdown().await;
 }
+
+/// A node binds its ports before it opens its stores and listens only once
+/// it serves (`server::Reserved`): ports that cannot both listen are refused
+/// before the data dir is used, with errors that name them.
+#[tokio::test]
+async fn t37_ports_that_cannot_listen_are_refused_before_the_stores_open() {
+    let dir = tempfile::tempdir().unwrap();
+
+    // Another process listens on the port: the bind already fails.
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = taken.local_addr().unwrap();
+    let mut config = fast_config(&dir.path().join("taken"));
+    config.listen = addr;
+    let err = fencer_coordinator::Node::start(config).await.err().expect("a port in use is refused");
+    assert!(matches!(err, fencer_coordinator::StartError::Bind { .. }), "{err}");
+    assert!(err.to_string().contains(&addr.to_string()), "the error names the port: {err}");
+    assert!(!dir.path().join("taken").join("raft-log").exists(), "the stores were not opened");
+
+    // Both ports of the node on one address: both would bind (neither
+    // listens yet), so the start checks them first.
+    let mut config = fast_config(&dir.path().join("same"));
+    let free = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    config.listen = free;
+    config.status_listen = Some(SocketAddr::new("0.0.0.0".parse().unwrap(), free.port()));
+    let err = fencer_coordinator::Node::start(config).await.err().expect("one port for both is refused");
+    assert!(matches!(err, fencer_coordinator::StartError::Config(_)), "{err}");
+    assert!(err.to_string().contains("same port"), "{err}");
+    assert!(!dir.path().join("same").join("raft-log").exists(), "the stores were not opened");
+}
