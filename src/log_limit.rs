@@ -240,6 +240,11 @@ mod tests {
         line.split_whitespace().next().unwrap_or_default()
     }
 
+    /// The lines that report withheld repeats.
+    fn reports(lines: &[String]) -> Vec<&String> {
+        lines.iter().filter(|l| l.contains("fencer::log")).collect()
+    }
+
     fn count(lines: &[String], what: &str) -> usize {
         lines.iter().filter(|l| l.contains(what)).count()
     }
@@ -260,7 +265,7 @@ mod tests {
         assert_eq!(heartbeats, BURST as usize + 3, "{lines:#?}");
         // The first window's first lines are the ones written.
         assert!(lines[0].contains("i=0") && lines[BURST as usize - 1].contains(&format!("i={}", BURST - 1)));
-        let reports: Vec<_> = lines.iter().filter(|l| l.contains("fencer::log")).collect();
+        let reports = reports(&lines);
         assert_eq!(reports.len(), 1, "one report, for the window that withheld lines: {lines:#?}");
         let report = reports[0];
         assert_eq!(level(report), "WARN", "{report}");
@@ -283,7 +288,7 @@ mod tests {
         });
         assert_eq!(count(&lines, "one line"), BURST as usize, "{lines:#?}");
         assert_eq!(count(&lines, "another line"), BURST as usize, "{lines:#?}");
-        let reports: Vec<_> = lines.iter().filter(|l| l.contains("fencer::log")).collect();
+        let reports = reports(&lines);
         assert_eq!(reports.len(), 2, "{lines:#?}");
         for (lvl, what) in [("ERROR", "another line"), ("WARN", "one line")] {
             let withheld = format!("withheld={}", 20 - BURST);
@@ -347,7 +352,7 @@ mod tests {
             limit.end_window();
         });
         assert_eq!(count(&lines, "a log record"), 3 * BURST as usize, "{lines:#?}");
-        let reports: Vec<_> = lines.iter().filter(|l| l.contains("fencer::log")).collect();
+        let reports = reports(&lines);
         assert_eq!(reports.len(), 3, "{lines:#?}");
         for (source, at) in [
             ("tokio_postgres::connect", "tokio-postgres-0.7.0/src/connect.rs:10"),
