@@ -150,17 +150,20 @@ impl RepeatLimit {
     /// An event of the new window may be written before these reports.
     pub(crate) fn end_window(&self) {
         let window = WINDOW.as_secs();
-        for Seen { level, target: source, at, withheld, .. } in self.take_window() {
+        // A tracing level is part of its callsite, so one report per level.
+        macro_rules! report {
+            ($at_level:ident, $source:expr, $at:expr, $withheld:expr) => {
+                tracing::$at_level!(
+                    target: TARGET, source = $source, at = $at, withheld = $withheld,
+                    "repeats of a dependency's line were not written (at most {BURST} per line every {window} s)"
+                )
+            };
+        }
+        for Seen { level, target, at, withheld, .. } in self.take_window() {
             if level == Level::ERROR {
-                tracing::error!(
-                    target: TARGET, source, at, withheld,
-                    "repeats of a dependency's line were not written (at most {BURST} per line every {window} s)"
-                );
+                report!(error, target, at, withheld);
             } else {
-                tracing::warn!(
-                    target: TARGET, source, at, withheld,
-                    "repeats of a dependency's line were not written (at most {BURST} per line every {window} s)"
-                );
+                report!(warn, target, at, withheld);
             }
         }
     }
