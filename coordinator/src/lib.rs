@@ -86,6 +86,7 @@ mod api;
 mod audit;
 mod bootstrap;
 mod clock;
+mod coalesce;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 #[cfg(test)]

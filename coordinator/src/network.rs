@@ -120,7 +120,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         let channel = peer_endpoint(&node.addr, self.tls.as_ref())
-            .map(|e| e.connect_timeout(self.connect_timeout).tcp_nodelay(true).connect_lazy());
+            .map(|e| crate::coalesce::channel(&e.connect_timeout(self.connect_timeout)));
         PeerClient {
             from: self.from,
             target,

@@ -29,6 +29,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tower::ServiceExt as _;
 
+use crate::coalesce::Coalesced;
 use crate::tls::{ConnInfo, ServerTls};
 
 /// Largest HTTP/1 request head; the HTTP/2 header list bound.
@@ -228,7 +229,7 @@ pub(crate) async fn serve(
                         req.extensions_mut().insert(body_timeout);
                         req
                     }));
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(Coalesced::new(stream)), service);
                     if let Err(e) = watcher.watch(conn.into_owned()).await {
                         tracing::trace!(error = %e, "connection ended with an error");
                     }
