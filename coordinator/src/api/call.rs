@@ -20,7 +20,7 @@ pub(super) fn acquire<'a>(
     req: AcquireRequest,
 ) -> impl Future<Output = Result<Granted, LockError>> + 'a {
     let (op, resource) = (acquire_op(req.wait_timeout_ms), req.resource.clone());
-    observed(metrics, op, &resource, async move { acquire_as(svc, &who?, req).await })
+    async move { observed(metrics, op, &resource, async move { acquire_as(svc, &who?, req).await }).await }
 }
 
 /// An Acquire on `who`'s behalf, as both front ends make it: the permission
@@ -49,25 +49,27 @@ fn acquire_op(wait_timeout_ms: u64) -> &'static str {
     if wait_timeout_ms == 0 { "acquire" } else { "acquire_wait" }
 }
 
-/// Runs one operation in its own span — `op`, `resource`, and, with debug
-/// logging on for the coordinator, as they become known `request_id`,
-/// `log_index` (recorded by the service) and `outcome` — records its
-/// metrics and logs its end at debug level. Every event logged while it
-/// runs carries these fields, which is how one call is followed from its
-/// arrival to the apply of its log entry (the apply logs the same
-/// `log_index`).
+/// Runs one operation, records its metrics and logs its end at debug
+/// level. With debug logging on for the coordinator it runs in its own
+/// span — `op`, `resource` and, as they become known, `request_id`,
+/// `log_index` (recorded by the service) and `outcome` — so every event
+/// logged while it runs carries them, which is how one call is followed
+/// from its arrival to the apply of its log entry (the apply logs the same
+/// `log_index`). At the default level there is no span (creating, entering
+/// and formatting one per call was ~3 % of a leader's CPU); the warnings a
+/// call can log name their `resource` themselves.
 ///
 /// Built from combinators rather than as an `async fn`: an `async fn`
 /// keeps its argument future and the awaited one side by side, so every
 /// layer of wrapping doubled the size of a call's future (28 KB for one
 /// batch item), and moving those futures was a seventh of the leader's CPU.
-pub(super) fn observed<'m, T, F: Future<Output = Result<T, LockError>>>(
+pub(super) fn observed<'m, 'r, T, F: Future<Output = Result<T, LockError>>>(
     metrics: &'m Metrics,
     op: &'static str,
-    resource: &str,
+    resource: &'r str,
     f: F,
-) -> impl Future<Output = Result<T, LockError>> + use<'m, T, F> {
-    let span = tracing::info_span!(
+) -> impl Future<Output = Result<T, LockError>> + use<'m, 'r, T, F> {
+    let span = tracing::debug_span!(
         "call",
         op,
         resource,
@@ -87,7 +89,7 @@ pub(super) fn observed<'m, T, F: Future<Output = Result<T, LockError>>>(
         crate::service::record_call_field("outcome", outcome);
         match &r {
             Err(e) if outcome == "unknown" => {
-                tracing::warn!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call ended with an unknown outcome")
+                tracing::warn!(op, resource, error = %e, elapsed_ms = elapsed.as_millis() as u64, "call ended with an unknown outcome")
             }
             Err(e) => tracing::debug!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call refused"),
             Ok(_) => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "call done"),
