@@ -20,7 +20,7 @@ pub(super) fn acquire<'a>(
     req: AcquireRequest,
 ) -> impl Future<Output = Result<Granted, LockError>> + 'a {
     let (op, resource) = (acquire_op(req.wait_timeout_ms), req.resource.clone());
-    async move { observed(metrics, op, &resource, async move { acquire_as(svc, &who?, req).await }).await }
+    observed(metrics, op, resource, async move { acquire_as(svc, &who?, req).await })
 }
 
 /// An Acquire on `who`'s behalf, as both front ends make it: the permission
@@ -63,16 +63,18 @@ fn acquire_op(wait_timeout_ms: u64) -> &'static str {
 /// keeps its argument future and the awaited one side by side, so every
 /// layer of wrapping doubled the size of a call's future (28 KB for one
 /// batch item), and moving those futures was a seventh of the leader's CPU.
-pub(super) fn observed<'m, 'r, T, F: Future<Output = Result<T, LockError>>>(
+/// For the same reason the resource is taken by value (a `&str`, or an
+/// acquire's own copy): no extra future has to own it for the warning.
+pub(super) fn observed<'m, T, R: AsRef<str>, F: Future<Output = Result<T, LockError>>>(
     metrics: &'m Metrics,
     op: &'static str,
-    resource: &'r str,
+    resource: R,
     f: F,
-) -> impl Future<Output = Result<T, LockError>> + use<'m, 'r, T, F> {
+) -> impl Future<Output = Result<T, LockError>> + use<'m, T, R, F> {
     let span = tracing::debug_span!(
         "call",
         op,
-        resource,
+        resource = resource.as_ref(),
         request_id = tracing::field::Empty,
         log_index = tracing::field::Empty,
         outcome = tracing::field::Empty,
@@ -89,7 +91,7 @@ pub(super) fn observed<'m, 'r, T, F: Future<Output = Result<T, LockError>>>(
         crate::service::record_call_field("outcome", outcome);
         match &r {
             Err(e) if outcome == "unknown" => {
-                tracing::warn!(op, resource, error = %e, elapsed_ms = elapsed.as_millis() as u64, "call ended with an unknown outcome")
+                tracing::warn!(op, resource = resource.as_ref(), error = %e, elapsed_ms = elapsed.as_millis() as u64, "call ended with an unknown outcome")
             }
             Err(e) => tracing::debug!(error = %e, elapsed_ms = elapsed.as_millis() as u64, "call refused"),
             Ok(_) => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "call done"),
